@@ -1,0 +1,21 @@
+# The two commands of README.md. Each does its own set-up on a fresh machine.
+.PHONY: demo test bench lint clean
+
+demo:
+	@scripts/bootstrap.sh demo
+	.venv/bin/faultwatch demo
+
+test:
+	@scripts/bootstrap.sh test
+	.venv/bin/python -m pytest
+
+lint:
+	@scripts/bootstrap.sh test
+	.venv/bin/ruff check pipeline streaming schemas tests bench airflow
+
+bench:
+	@scripts/bootstrap.sh test
+	for b in bench/*.py; do .venv/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf data .pytest_cache .hypothesis spark-warehouse

@@ -1,0 +1,61 @@
+"""The ``faultwatch`` command line.
+
+Each subcommand lives in ``pipeline/commands/<name>.py`` with ``register(subparsers)``, which adds its
+parser and sets ``handler`` (a function ``(args) -> int``). Modules import their heavy dependencies
+(Spark, Kafka) inside the handler, so ``faultwatch --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from pipeline.config import ConfigError
+
+COMMANDS = ("demo", "stream", "kafka", "simulate", "replay", "publish", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="faultwatch", description="Live fault detection for Apache RocketMQ clusters."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"pipeline.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"pipeline.commands.{name}":
+                continue  # not built yet in this checkout
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("kafka", "py4j", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        print(f"faultwatch: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("faultwatch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""One typed, frozen configuration, validated when it is loaded.
+
+``conf/faultwatch.toml`` mirrors the defaults declared here (a test keeps them equal), so the
+embedded defaults and the documented file cannot drift. An unknown key or a bad value fails at load
+with a message that names the key. Environment variables may override connection settings and
+secrets only (:data:`ENV_OVERRIDES`); everything else comes from the file.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = REPO_ROOT / "conf" / "faultwatch.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A value that must never reach a log: its repr and str are masked."""
+
+    value: str
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: Secret | None = None
+    client_id: str = "faultwatch"
+    request_timeout_ms: int = 30_000
+    # How long a client keeps retrying an unreachable cluster before it fails with a clear error.
+    connect_timeout_s: float = 30.0
+    # Partitions of the topics that `faultwatch kafka` creates.
+    partitions: int = 4
+
+    def validate(self) -> None:
+        _positive(self, "request_timeout_ms", "connect_timeout_s", "partitions")
+        if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
+            raise ConfigError("kafka.sasl_mechanism and kafka.sasl_username are required for SASL")
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python clients (secrets unwrapped only here)."""
+        opts: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.sasl_mechanism:
+            opts["sasl_mechanism"] = self.sasl_mechanism
+            opts["sasl_plain_username"] = self.sasl_username
+            opts["sasl_plain_password"] = self.sasl_password.value if self.sasl_password else None
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if getattr(self, name):
+                opts[name] = getattr(self, name)
+        if self.ssl_password:
+            opts["ssl_password"] = self.ssl_password.value
+        return opts
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    send_results: str = "rmq.send-results"
+    consumer_progress: str = "rmq.consumer-progress"
+    group_membership: str = "rmq.group-membership"
+    avoidance: str = "rmq.avoidance"
+    alerts: str = "rmq.alerts"
+
+    def event_topics(self) -> dict[str, str]:
+        """Event kind -> topic, for the three input topics."""
+        return {
+            "send_result": self.send_results,
+            "consumer_progress": self.consumer_progress,
+            "group_membership": self.group_membership,
+        }
+
+    def all(self) -> list[str]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    root: str = "data/tables"
+    checkpoint_root: str = "data/checkpoints"
+    # JSON files of the current avoidance list, one per cluster, for producers that read files.
+    publish_dir: str = "data/avoidance"
+
+    def table_path(self, name: str) -> str:
+        return str(Path(self.root) / name)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    trigger_interval_s: float = 5.0
+    watermark_delay_s: float = 30.0
+    max_events_per_batch: int = 200_000
+    max_event_bytes: int = 65_536
+    # Prefix of query names and Delta transaction app ids: two deployments sharing tables need two.
+    app_id: str = "faultwatch"
+
+    def validate(self) -> None:
+        _positive(self, "trigger_interval_s", "max_events_per_batch", "max_event_bytes")
+        if self.watermark_delay_s < 0:
+            raise ConfigError("stream.watermark_delay_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[2]"
+    app_name: str = "faultwatch"
+    shuffle_partitions: int = 4
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        _positive(self, "shuffle_partitions")
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    # RocketMQ's own default for sendLatencyFaultEnable is false; used when an event does not say.
+    default_send_latency_fault_enable: bool = False
+    detector_enabled: bool = False
+    producer_idle_expiry_s: float = 900.0
+    # Broker fault episodes: a quorum of recently active producers avoiding the broker ...
+    active_producer_window_s: float = 60.0
+    quorum_share: float = 0.5
+    quorum_min_producers: int = 3
+    # ... or an outlier against its peers (failure rate and p99 latency over the same minute).
+    outlier_failure_rate: float = 0.5
+    outlier_min_sends: int = 20
+    outlier_latency_factor: float = 5.0
+    outlier_min_latency_ms: int = 550
+    episode_close_after_s: float = 30.0
+    max_producers_per_broker: int = 10_000
+
+    def validate(self) -> None:
+        _positive(self, "producer_idle_expiry_s", "active_producer_window_s", "quorum_min_producers")
+        _share(self, "quorum_share", "outlier_failure_rate")
+
+
+@dataclass(frozen=True)
+class LagGroupConfig:
+    # Where a consumer starts on a queue with no committed offset (-1): how such a queue's lag is read.
+    consume_from_where: Literal[
+        "CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP"
+    ] = "CONSUME_FROM_LAST_OFFSET"
+    # CONSUME_FROM_TIMESTAMP start; None = RocketMQ's default, 30 minutes before the queue was first seen.
+    consume_timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class LagConfig:
+    # Burrow's sliding window: the last N commits of each (group, queue).
+    window_commits: int = 10
+    # STALL and WARN need this many commits in the window (a young window proves nothing).
+    min_commits: int = 10
+    # A group row alerts when its max time lag crosses above this bound.
+    time_lag_alert_ms: int = 300_000
+    # A zero-lag commit this recent excuses a pause in commits (Burrow's "recently caught up").
+    caught_up_grace_ms: int = 60_000
+    # Queues, (group, queue) pairs and memberships unseen this long are dropped from the state.
+    queue_idle_expiry_s: float = 3600.0
+    # Points kept per queue in the (offset -> store time) index.
+    index_points: int = 32
+    # After a membership change, progress from the previous owner is not flagged for this long
+    # (RocketMQ clients rebalance every 20 s, each on its own timer).
+    rebalance_grace_ms: int = 20_000
+    # Events further than this ahead of the lag clock are quarantined (a producer clock years off
+    # would otherwise make every consumer look stopped).
+    max_future_skew_ms: int = 3_600_000
+    # State keys per cluster: groups are spread over shards by hash, send results go to every shard.
+    shards: int = 1
+    # A shard without new events is re-evaluated (STOP, expiry) when event time has moved this far.
+    idle_evaluation_s: float = 30.0
+    default: LagGroupConfig = field(default_factory=LagGroupConfig)
+    groups: Mapping[str, LagGroupConfig] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        _positive(
+            self, "window_commits", "time_lag_alert_ms", "queue_idle_expiry_s", "shards", "idle_evaluation_s"
+        )
+        if not 2 <= self.min_commits <= self.window_commits:
+            raise ConfigError(
+                f"lag.min_commits must be between 2 and lag.window_commits ({self.window_commits}), "
+                f"got {self.min_commits}"
+            )
+        if self.index_points < 8:
+            raise ConfigError(f"lag.index_points must be >= 8, got {self.index_points}")
+        for name in ("caught_up_grace_ms", "rebalance_grace_ms", "max_future_skew_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"lag.{name} must be >= 0, got {getattr(self, name)}")
+
+    def for_group(self, group: str) -> LagGroupConfig:
+        return self.groups.get(group, self.default)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The avoidance policy (pipeline/policy): Envoy-style growth, share cap, hysteresis, expiry."""
+
+    version: str = "1"
+    # Avoidance after an episode: base × (repeat episodes), capped (Envoy's outlier ejection time).
+    base_avoid_s: float = 30.0
+    max_avoid_s: float = 300.0
+    # Episodes that ended longer ago than this are forgotten; each decay_s of health forgives one.
+    repeat_period_s: float = 3600.0
+    decay_s: float = 600.0
+    # Never avoid more than this share of a cluster's brokers (those seen within broker_seen_s).
+    max_avoid_share: float = 0.5
+    broker_seen_s: float = 900.0
+    # Minimum time a published avoidance holds; keep it above publish.interval_s so an open
+    # episode's avoidance never lapses between two cycles.
+    hysteresis_s: float = 120.0
+    # Producers drop a list this long after it was decided, so a dead publisher frees every broker.
+    expiry_s: float = 180.0
+    # The publisher refuses to publish when the newest input is older than this.
+    max_input_age_s: float = 300.0
+
+    def validate(self) -> None:
+        _positive(
+            self, "base_avoid_s", "max_avoid_s", "repeat_period_s", "decay_s", "broker_seen_s",
+            "expiry_s", "max_input_age_s",
+        )
+        _share(self, "max_avoid_share")
+        if not 0 <= self.hysteresis_s <= self.max_avoid_s:
+            raise ConfigError("policy.hysteresis_s must be between 0 and policy.max_avoid_s")
+        if self.base_avoid_s > self.max_avoid_s:
+            raise ConfigError("policy.base_avoid_s must not exceed policy.max_avoid_s")
+        if not self.version:
+            raise ConfigError("policy.version must not be empty")
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    """The publisher cycle (`faultwatch publish`, the Airflow DAG)."""
+
+    interval_s: float = 60.0
+    publish_alerts: bool = True
+    # Delta transaction app id of the publisher's appends (two deployments sharing tables need two).
+    app_id: str = "faultwatch-publisher"
+    # Write one JSON file per cluster under storage.publish_dir for producers that read files.
+    write_files: bool = True
+    # The first cycle sends lag alerts of group_status rows this recent; later ones continue from
+    # where the previous cycle stopped.
+    alert_lookback_s: float = 300.0
+    # How long a Kafka send may wait for the broker's acknowledgement.
+    send_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        _positive(self, "interval_s", "alert_lookback_s", "send_timeout_s")
+        if not self.app_id:
+            raise ConfigError("publish.app_id must not be empty")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    scenario: str = "demo"
+    duration_s: float = 120.0
+    speed: float = 1.0
+    refresh_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Config:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    lag: LagConfig = field(default_factory=LagConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+    def replace(self, **sections: Any) -> "Config":
+        """A copy with whole sections or ``section__key`` values replaced (tests, demo)."""
+        out = self
+        for name, value in sections.items():
+            if "__" in name:
+                sec, key = name.split("__", 1)
+                out = dataclasses.replace(out, **{sec: dataclasses.replace(getattr(out, sec), **{key: value})})
+            else:
+                out = dataclasses.replace(out, **{name: value})
+        return out
+
+
+# Environment variables that may override the file: connection settings and secrets only.
+ENV_OVERRIDES: dict[str, tuple[str, str]] = {
+    "FAULTWATCH_KAFKA_BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers"),
+    "FAULTWATCH_KAFKA_SECURITY_PROTOCOL": ("kafka", "security_protocol"),
+    "FAULTWATCH_KAFKA_SASL_MECHANISM": ("kafka", "sasl_mechanism"),
+    "FAULTWATCH_KAFKA_SASL_USERNAME": ("kafka", "sasl_username"),
+    "FAULTWATCH_KAFKA_SASL_PASSWORD": ("kafka", "sasl_password"),
+    "FAULTWATCH_KAFKA_SSL_CAFILE": ("kafka", "ssl_cafile"),
+    "FAULTWATCH_KAFKA_SSL_CERTFILE": ("kafka", "ssl_certfile"),
+    "FAULTWATCH_KAFKA_SSL_KEYFILE": ("kafka", "ssl_keyfile"),
+    "FAULTWATCH_KAFKA_SSL_PASSWORD": ("kafka", "ssl_password"),
+    "FAULTWATCH_SPARK_MASTER": ("spark", "master"),
+}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Load ``path`` (default: the repository's ``conf/faultwatch.toml``) plus environment overrides.
+
+    Relative storage paths are kept relative to the working directory, as users expect of a CLI.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    env = os.environ if env is None else env
+    for var, (section, key) in ENV_OVERRIDES.items():
+        if env.get(var):
+            raw.setdefault(section, {})[key] = env[var]
+    try:
+        return from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def from_dict(raw: Mapping[str, Any]) -> Config:
+    return _build(Config, raw, prefix="")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]!s}; valid keys here: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _convert(hints[name], raw[name], f"{prefix}{name}") for name in raw}
+    try:
+        obj = cls(**values)
+    except TypeError as exc:  # pragma: no cover - a missing required field of our own dataclasses
+        raise ConfigError(f"{prefix.rstrip('.')}: {exc}") from None
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{prefix}{exc}") from None
+    return obj
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, key)
+        raise ConfigError(f"{key}: unsupported union type")  # pragma: no cover
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not valid; valid values: {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp) and tp is not Secret:
+        return _build(tp, value, key + ".")
+    if tp is Secret:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string")
+        return Secret(value)
+    if origin in (collections.abc.Mapping, dict) or tp in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a table, got {type(value).__name__}")
+        vtype = args[1] if len(args) == 2 else Any
+        return types.MappingProxyType(
+            {str(k): _convert(vtype, v, f"{key}.{k}") for k, v in value.items()}
+        )
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # Spark conf values such as 200 are strings to Spark
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(f"{_section_of(obj)}.{name} must be > 0, got {getattr(obj, name)!r}")
+
+
+def _share(obj: Any, *names: str) -> None:
+    for name in names:
+        if not 0 < getattr(obj, name) <= 1:
+            raise ConfigError(f"{_section_of(obj)}.{name} must be in (0, 1], got {getattr(obj, name)!r}")
+
+
+def _section_of(obj: Any) -> str:
+    for f in dataclasses.fields(Config):
+        if f.type == type(obj).__name__ or getattr(Config(), f.name).__class__ is type(obj):
+            return f.name
+    return type(obj).__name__
+
+
+def describe(cfg: Config) -> str:
+    """A loggable one-line summary (secrets masked by :class:`Secret`)."""
+    return (
+        f"kafka={cfg.kafka.bootstrap_servers} ({cfg.kafka.security_protocol}) "
+        f"storage={cfg.storage.root} checkpoints={cfg.storage.checkpoint_root} "
+        f"trigger={cfg.stream.trigger_interval_s}s watermark={cfg.stream.watermark_delay_s}s "
+        f"spark={cfg.spark.master}"
+    )

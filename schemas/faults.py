@@ -1,0 +1,82 @@
+"""Silver tables of the fault-state query: producer windows, broker episodes, broker health.
+
+Rows are appended (Delta history); a window or an episode that changes is appended again with a
+higher ``revision``, so the current view is the highest revision per id.
+"""
+
+from __future__ import annotations
+
+from schemas.fields import Field, TableSpec
+from schemas.tables import register
+
+PRODUCER_FAULT_WINDOWS = TableSpec(
+    "producer_fault_windows",
+    (
+        Field("window_id", "string", doc="cluster|producer_group|client_id|broker_name|start_ms"),
+        Field("cluster", "string"),
+        Field("producer_group", "string"),
+        Field("client_id", "string"),
+        Field("client_version", "string"),
+        Field("generation", "string", doc='fault rules applied: "4.9" or "5"'),
+        Field("broker_name", "string"),
+        Field("start_ms", "int64", doc="when isAvailable(broker) turned false"),
+        Field("end_ms", "int64", doc="avoid-until as currently known (final once closed)"),
+        Field("state", "string", enum=("open", "closed")),
+        Field("trigger_event_id", "string"),
+        Field("trigger_status", "string"),
+        Field("trigger_latency_ms", "int64"),
+        Field("trigger_error", "string", nullable=True),
+        Field("trigger_isolation", "bool"),
+        Field("updates", "int32", doc="send results that moved end_ms"),
+        Field("fault_enable", "bool", doc="false: the client runs without fault tolerance (shadow window)"),
+        Field("revision", "int32", doc="increases each time the window's row is re-emitted"),
+        Field("updated_ms", "int64", doc="event time of the change this row records"),
+        Field("event_date", "string", doc="UTC date of start_ms"),
+    ),
+    partition_by=("event_date",),
+)
+
+BROKER_FAULT_EPISODES = TableSpec(
+    "broker_fault_episodes",
+    (
+        Field("episode_id", "string", doc="cluster|broker_name|opened_ms"),
+        Field("cluster", "string"),
+        Field("broker_name", "string"),
+        Field("opened_ms", "int64"),
+        Field("closed_ms", "int64", nullable=True),
+        Field("state", "string", enum=("open", "closed")),
+        Field("reason", "string", doc="quorum | failure_rate_outlier | latency_outlier"),
+        Field("peak_avoiding_share", "float64"),
+        Field("peak_avoiding_producers", "int32"),
+        Field("active_producers", "int32"),
+        Field("sends", "int64"),
+        Field("failures", "int64"),
+        Field("p99_latency_ms", "float64"),
+        Field("dominant_error", "string", nullable=True),
+        Field("revision", "int32"),
+        Field("updated_ms", "int64"),
+    ),
+)
+
+BROKER_HEALTH = TableSpec(
+    "broker_health",
+    (
+        Field("cluster", "string"),
+        Field("broker_name", "string"),
+        Field("minute_ms", "int64", doc="start of the event-time minute"),
+        Field("sends", "int64"),
+        Field("failures", "int64"),
+        Field("failures_by_error", "map<string,int64>"),
+        Field("failure_rate", "float64"),
+        Field("latency_p50_ms", "float64"),
+        Field("latency_p95_ms", "float64"),
+        Field("latency_p99_ms", "float64"),
+        Field("latency_max_ms", "int64"),
+        Field("active_producers", "int32"),
+        Field("producers_avoiding", "int32"),
+        Field("event_date", "string"),
+    ),
+    partition_by=("event_date",),
+)
+
+register(PRODUCER_FAULT_WINDOWS, BROKER_FAULT_EPISODES, BROKER_HEALTH)

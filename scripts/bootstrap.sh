@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Set up everything faultwatch needs on a fresh machine, then exit.
+#   scripts/bootstrap.sh demo   -> system check (Java) + project venv with the core dependencies
+#   scripts/bootstrap.sh test   -> the same + test, Airflow and Great Expectations extras + Chromium
+# Idempotent: a stamp per install set skips pip when pyproject.toml has not changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${1:-demo}"
+PYTHON="${PYTHON:-python3}"
+VENV=".venv"
+
+say() { printf 'bootstrap: %s\n' "$*"; }
+die() { printf 'bootstrap: ERROR: %s\n' "$*" >&2; exit 1; }
+
+can_apt() { command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; }
+apt_updated=0
+apt_install() {
+  if ! can_apt; then return 1; fi
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || return 1
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# 1. Python 3.10+
+command -v "$PYTHON" >/dev/null 2>&1 || die "python3 not found: install Python 3.10 or later"
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+  || die "Python 3.10+ is needed, $PYTHON is $("$PYTHON" --version 2>&1)"
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv \
+  || die "the Python venv module is missing: install python3-venv"
+
+# 2. Java 17+ for Spark
+java_ok() {
+  local java="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+  command -v "$java" >/dev/null 2>&1 || return 1
+  local v
+  v=$("$java" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)
+  [ -n "$v" ] && [ "$v" -ge 17 ]
+}
+if ! java_ok; then
+  say "Java 17+ not found; installing openjdk-17-jre-headless"
+  apt_install openjdk-17-jre-headless \
+    || die "Spark needs Java 17 or later. Install it (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
+  java_ok || die "Java 17+ still not found after installing it; set JAVA_HOME"
+fi
+
+# 3. Chromium for the report test (test set only)
+if [ "$target" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
+  say "installing Chromium (headless report test)"
+  apt_install chromium || die "the report test needs Debian's chromium package: apt-get install chromium"
+fi
+
+# 4. The project's virtual environment
+case "$target" in
+  demo) extras="" ;;
+  test) extras="[dev,gx,airflow]" ;;
+  *) die "unknown target '$target' (demo or test)" ;;
+esac
+stamp="$VENV/.installed-${target}"
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing faultwatch${extras} into $VENV (first time: a few minutes)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".${extras}"
+  touch "$stamp"
+fi
+say "ready ($target)"

@@ -1,0 +1,64 @@
+"""The one way faultwatch makes a SparkSession."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from pipeline.config import Config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+
+class JavaMissingError(RuntimeError):
+    pass
+
+
+def check_java() -> str:
+    """Return the java executable, or raise a clear error instead of py4j's stack trace."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise JavaMissingError(
+            "Spark needs Java 17 (or 21), and no 'java' was found"
+            + (f" under JAVA_HOME={java_home}" if java_home else " on PATH")
+            + ". Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
+        )
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except OSError as exc:
+        raise JavaMissingError(f"cannot run {java}: {exc}") from None
+    if '"1.8' in out or 'version "11' in out:
+        raise JavaMissingError(f"Spark 4 needs Java 17 or later; {java} is: {out.splitlines()[0]}")
+    return java
+
+
+def spark_session(cfg: Config, ui: bool = False) -> "SparkSession":
+    """Create (or return the active) session from ``cfg.spark``; workers use this interpreter."""
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(cfg.spark.master)
+        .appName(cfg.spark.app_name)
+        .config("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.metricsEnabled", "false")
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    )
+    for key, value in cfg.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas.events import (
+    ConsumerProgress,
+    GroupMembership,
+    Invalid,
+    SendResult,
+    decode_event,
+)
+from schemas.fields import Field, arrow_schema
+from schemas.tables import all_tables, routed_fields
+
+GOOD = SendResult(
+    event_id="p1-1", ts_ms=1_700_000_000_000, cluster="c1", producer_group="PG", client_id="10.0.0.1@1",
+    client_version="4.9.8", topic="T", broker_name="broker-a", queue_id=3, status="SEND_OK", latency_ms=12,
+    error=None, queue_offset=41, attempt=0,
+)
+
+
+def good_obj() -> dict:
+    return orjson.loads(GOOD.to_json())
+
+
+def test_dataclass_round_trips_through_the_contract() -> None:
+    row = decode_event("send_result", GOOD.to_json())
+    assert row == {**good_obj(), "isolation": None, "reachable": None, "send_latency_fault_enable": None}
+    progress = ConsumerProgress(1_700_000_000_000, "c1", "G", "T", "broker-a", 0, 10, 12, "cid", None)
+    assert decode_event("consumer_progress", progress.to_json())["consumer_offset"] == 10
+    member = GroupMembership(1_700_000_000_000, "c1", "G", "T", ("a", "b"), "AVG")
+    assert decode_event("group_membership", member.to_json())["client_ids"] == ["a", "b"]
+
+
+def mutate(**changes: object) -> bytes:
+    obj = good_obj()
+    for k, v in changes.items():
+        if v is KeyError:
+            del obj[k]
+        else:
+            obj[k] = v
+    return orjson.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (b"{not json", "bad_json"),
+        (b"\xff\xfe\x00garbage", "not_utf8"),
+        (b'{"event_id": "\xff"}', "not_utf8"),
+        (b"", "empty"),
+        (b"[1, 2]", "not_an_object"),
+        (b"x" * 70_000, "oversize"),
+        (mutate(latency_ms=KeyError), "missing_field"),
+        (mutate(cluster=None), "null_field"),
+        (mutate(latency_ms="12"), "wrong_type"),
+        (mutate(latency_ms=True), "wrong_type"),
+        (mutate(queue_id=1.5), "wrong_type"),
+        (mutate(latency_ms=-1), "out_of_range"),
+        (mutate(queue_id=-2), "out_of_range"),
+        (mutate(ts_ms=5), "out_of_range"),
+        (mutate(status="SENT"), "unknown_value"),
+        (mutate(schema_version=2), "out_of_range"),
+        (mutate(cluster=""), "empty_string"),
+        (mutate(isolation="yes"), "wrong_type"),
+    ],
+)
+def test_invalid_send_results_have_a_stable_reason(value: bytes, reason: str) -> None:
+    with pytest.raises(Invalid) as err:
+        decode_event("send_result", value)
+    assert err.value.reason == reason
+    assert err.value.detail
+
+
+def test_unknown_fields_are_ignored_and_optional_fields_may_be_null() -> None:
+    row = decode_event("send_result", mutate(extra_field=1, error=None, queue_offset=None, isolation=True))
+    assert row["isolation"] is True and "extra_field" not in row
+
+
+def test_arrow_and_spark_schemas_agree(spark) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    for spec in all_tables().values():
+        assert spec.spark_schema().names == spec.columns
+        back = to_arrow_schema(spec.spark_schema())
+        assert [f.type for f in back] == [f.type for f in spec.arrow_schema()], spec.name
+
+
+def test_routed_fields_reject_conflicting_types() -> None:
+    fields = routed_fields(["send_results", "quarantine"])
+    assert fields[0].name == "_table" and all(f.nullable for f in fields[1:])
+    with pytest.raises(ValueError, match="unknown kind"):
+        Field("x", "decimal")
+    assert arrow_schema(fields).names[0] == "_table"
