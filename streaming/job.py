@@ -1,0 +1,203 @@
+"""``faultwatch stream``: assemble the queries (one per concern), start them, report progress.
+
+Configure, then build, then start: :func:`build_queries` returns unstarted writers and makes no
+connection; :func:`run_stream` starts them and watches them until they finish (``--once``), a
+signal arrives, or ``duration_s`` passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, TextIO
+
+from pipeline.config import Config, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+log = logging.getLogger(__name__)
+
+# concern -> (module, function building its unstarted writer from (spark, cfg)).
+CONCERNS: dict[str, tuple[str, str]] = {
+    "bronze": ("streaming.bronze", "build_bronze"),
+    "faults": ("streaming.faults_query", "build_faults"),
+    "lag": ("streaming.lag_query", "build_lag"),
+}
+
+
+def available_concerns() -> list[str]:
+    out = []
+    for name, (module, _fn) in CONCERNS.items():
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:
+                continue
+            raise
+        out.append(name)
+    return out
+
+
+def build_queries(
+    spark: "SparkSession", cfg: Config, concerns: list[str] | None = None
+) -> dict[str, "DataStreamWriter"]:
+    names = concerns or available_concerns()
+    unknown = [n for n in names if n not in CONCERNS]
+    if unknown:
+        raise ValueError(f"unknown concern(s) {unknown}; valid: {sorted(CONCERNS)}")
+    out = {}
+    for name in names:
+        module, fn = CONCERNS[name]
+        builder: Callable[[Any, Config], "DataStreamWriter"] = getattr(importlib.import_module(module), fn)
+        out[name] = builder(spark, cfg)
+    return out
+
+
+@dataclass
+class Progress:
+    """What the progress lines add up to, per query."""
+
+    checkpoint: str = ""
+    batches: int = 0
+    rows_in: int = 0
+    written: dict[str, int] = field(default_factory=dict)
+    seen_batches: set[int] = field(default_factory=set)
+
+
+def backlog_of(source: dict[str, Any]) -> int | None:
+    """Records not yet read: latest offset minus end offset, summed over partitions."""
+    try:
+        latest = _offsets(source.get("latestOffset"))
+        end = _offsets(source.get("endOffset"))
+    except (TypeError, ValueError):
+        return None
+    if latest is None or end is None:
+        return None
+    return sum(max(0, v - end.get(k, 0)) for k, v in latest.items())
+
+
+def _offsets(raw: Any) -> dict[str, int] | None:
+    if raw is None:
+        return None
+    obj = json.loads(raw) if isinstance(raw, str) else raw
+    return {str(k): int(v) for k, v in obj.items()} if isinstance(obj, dict) else None
+
+
+def report_batches(name: str, query: "StreamingQuery", prog: Progress, out: TextIO) -> None:
+    from streaming.delta_sink import read_report, report_dir
+
+    for p in query.recentProgress:
+        batch = int(p["batchId"])
+        if batch in prog.seen_batches:
+            continue
+        prog.seen_batches.add(batch)
+        rows = int(p.get("numInputRows", 0))
+        sources = p.get("sources") or [{}]
+        backlog = backlog_of(sources[0])
+        counts = read_report(report_dir(prog.checkpoint), batch) or {}
+        if rows == 0 and not counts:
+            continue
+        prog.batches += 1
+        prog.rows_in += rows
+        for table, n in counts.items():
+            prog.written[table] = prog.written.get(table, 0) + n
+        quarantined = counts.get("quarantine", 0)
+        written = sum(n for t, n in counts.items() if t != "quarantine")
+        secs = p.get("durationMs", {}).get("triggerExecution", 0) / 1000
+        print(
+            f"[{name}] batch {batch}: in={rows} written={written} quarantined={quarantined} "
+            f"backlog={'?' if backlog is None else backlog} ({secs:.1f}s)",
+            file=out,
+            flush=True,
+        )
+
+def run_stream(
+    cfg: Config,
+    once: bool = False,
+    duration_s: float | None = None,
+    concerns: list[str] | None = None,
+    spark: "SparkSession | None" = None,
+    out: TextIO = sys.stdout,
+    on_tick: Callable[[], None] | None = None,
+) -> int:
+    """Run the streaming job; returns a process exit code (0 ok, 1 a query failed)."""
+    from streaming.delta_sink import checkpoint_dir
+    from streaming.session import spark_session
+
+    print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
+    spark = spark or spark_session(cfg)
+    writers = build_queries(spark, cfg, concerns)
+    queries: dict[str, "StreamingQuery"] = {}
+    progress = {name: Progress(checkpoint=checkpoint_dir(cfg, name)) for name in writers}
+    stop = {"requested": False}
+
+    def _request_stop(signum: int, _frame: object) -> None:
+        stop["requested"] = True
+
+    previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for name, writer in writers.items():
+            trigger = {"availableNow": True} if once else {"processingTime": f"{cfg.stream.trigger_interval_s} seconds"}
+            queries[name] = writer.trigger(**trigger).start()
+        print(f"started: {', '.join(queries)} ({'until caught up' if once else 'until stopped'})", file=out)
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        failed = _watch(queries, progress, stop, deadline, out, on_tick)
+    finally:
+        for q in queries.values():
+            if q.isActive:
+                q.stop()
+        for name, q in queries.items():
+            report_batches(name, q, progress[name], out)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for name, prog in progress.items():
+        written = ", ".join(f"{t}={n}" for t, n in sorted(prog.written.items())) or "nothing"
+        print(f"[{name}] total: {prog.batches} batches, {prog.rows_in} rows in; written {written}", file=out)
+    if failed:
+        for name, message in failed.items():
+            print(f"faultwatch stream: query {name} failed: {message}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _watch(
+    queries: dict[str, "StreamingQuery"],
+    progress: dict[str, Progress],
+    stop: dict[str, bool],
+    deadline: float | None,
+    out: TextIO,
+    on_tick: Callable[[], None] | None,
+) -> dict[str, str]:
+    failed: dict[str, str] = {}
+    while not stop["requested"]:
+        for name, q in queries.items():
+            report_batches(name, q, progress[name], out)
+            exc = q.exception()
+            if exc is not None:
+                failed[name] = _short_error(exc)
+        if failed or not any(q.isActive for q in queries.values()):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if on_tick is not None:
+            on_tick()
+        time.sleep(0.5)
+    return failed
+
+
+def _short_error(exc: Any) -> str:
+    """The Python error at the bottom of a StreamingQueryException, not a JVM stack trace."""
+    text = str(getattr(exc, "desc", None) or exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error:" in ln or "Exception:" in ln:
+            if not ln.startswith("at "):
+                return ln[:500]
+    return (lines[0] if lines else repr(exc))[:500]

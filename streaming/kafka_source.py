@@ -1,0 +1,304 @@
+"""Kafka as a Spark streaming source, through Spark's Python Data Source API and kafka-python.
+
+The JVM Kafka connector cannot be installed here (no Maven), so this reader does its job:
+- one Spark partition per Kafka topic-partition; offsets are ``{"topic/partition": next_offset}`` and
+  live in the Spark checkpoint (nothing is committed to Kafka);
+- admission control: at most ``max_rows`` records per micro-batch, shared by backlog;
+- ``Trigger.AvailableNow`` (``faultwatch stream --once``) via ``prepareForTriggerAvailableNow``;
+- partitions added while the query runs are picked up from offset 0 (their beginning);
+- records are decoded and validated in the reader (:mod:`streaming.decode`), so the output rows are
+  already routed to their bronze table or to quarantine, and come out as Arrow record batches.
+
+The end of a partition is learnt from a fetch's high watermark, not from ListOffsets: Tansu answers
+ListOffsets wrongly when the last batch holds several records, and the fetch answer is right on Tansu
+and on Apache Kafka alike.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from pipeline.config import Config
+from schemas.fields import spark_schema
+from schemas.tables import BRONZE_TABLE_FOR_EVENT, routed_fields
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "faultwatch_kafka"
+# Spark redacts option values whose key matches spark.redaction.regex ("secret|password|token|...").
+SECRET_OPTION = "kafka.secret.client_options"
+
+
+class KafkaUnavailableError(RuntimeError):
+    """Kafka could not be reached within ``kafka.connect_timeout_s``."""
+
+
+@dataclass(frozen=True)
+class TopicPartitionRange(InputPartition):
+    topic: str
+    partition: int
+    kind: str
+    start: int
+    end: int
+
+
+def output_tables(kinds: Sequence[str]) -> list[str]:
+    return [BRONZE_TABLE_FOR_EVENT[k].name for k in kinds] + ["quarantine"]
+
+
+def _key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def _split_key(key: str) -> tuple[str, int]:
+    topic, _, part = key.rpartition("/")
+    return topic, int(part)
+
+
+class KafkaEventSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> Any:  # a StructType
+        kinds = list(json.loads(self.options["topics"]).values())
+        return spark_schema(routed_fields(output_tables(list(dict.fromkeys(kinds)))))
+
+    def streamReader(self, schema: Any) -> "KafkaEventReader":
+        return KafkaEventReader(dict(self.options))
+
+
+def _client_options(options: dict[str, str]) -> dict[str, Any]:
+    return dict(json.loads(options.get(SECRET_OPTION, "{}")))
+
+
+def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
+    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    timeout_s = float(options.get("connect_timeout_s", "30"))
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        try:
+            return KafkaConsumer(
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                **_client_options(options),
+                **extra,
+            )
+        except KafkaError as exc:
+            if time.monotonic() + delay > deadline:
+                servers = ",".join(_client_options(options).get("bootstrap_servers", []))
+                raise KafkaUnavailableError(
+                    f"Kafka at {servers} unreachable for {timeout_s:.0f}s ({type(exc).__name__}: {exc}); "
+                    "check kafka.bootstrap_servers and that the cluster is up"
+                ) from None
+            log.warning("Kafka not reachable yet (%s); retrying in %.1fs", type(exc).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.topics: dict[str, str] = json.loads(options["topics"])  # topic -> event kind
+        self.max_rows = int(options.get("max_rows", "0"))
+        self._consumer: Any = None
+        self._target: dict[str, int] | None = None
+        self._missing_warned: set[str] = set()
+
+    # -- driver side -------------------------------------------------------------------------
+    def _driver_consumer(self) -> Any:
+        if self._consumer is None:
+            self._consumer = _make_consumer(self.options, fetch_max_wait_ms=10, max_partition_fetch_bytes=1)
+        return self._consumer
+
+    def _partitions_now(self) -> list[tuple[str, int]]:
+        consumer = self._driver_consumer()
+        consumer.topics()  # refreshes metadata, so new partitions show up
+        out = []
+        for topic in self.topics:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                if topic not in self._missing_warned:
+                    log.warning("topic %r does not exist (yet); reading nothing from it", topic)
+                    self._missing_warned.add(topic)
+                continue
+            out.extend((topic, p) for p in sorted(parts))
+        return out
+
+    def _end_offsets(self) -> dict[str, int]:
+        """The true end of every partition, from fetch high watermarks (see module docstring)."""
+        from kafka import TopicPartition
+
+        consumer = self._driver_consumer()
+        tps = [TopicPartition(t, p) for t, p in self._partitions_now()]
+        if not tps:
+            return {}
+        listed = consumer.end_offsets(tps)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, max(listed[tp], self._known_end(tp)))
+        before = {tp: consumer.highwater(tp) for tp in tps}
+        deadline = time.monotonic() + float(self.options.get("connect_timeout_s", "30"))
+        polls = 0
+        while True:
+            consumer.poll(timeout_ms=50, max_records=1)
+            polls += 1
+            ends = {tp: consumer.highwater(tp) for tp in tps}
+            known = all(hw is not None and hw >= listed[tp] for tp, hw in ends.items())
+            # A high watermark equal to the previous one may be stale: allow one more fetch round.
+            if known and (polls >= 2 or all(ends[tp] != before[tp] for tp in tps)):
+                break
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError("Kafka did not answer fetches for the partitions' end offsets")
+        out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
+        self._ends = out
+        return out
+
+    def _known_end(self, tp: Any) -> int:
+        return getattr(self, "_ends", {}).get(_key(tp.topic, tp.partition), 0)
+
+    def initialOffset(self) -> dict:
+        # Everything from each partition's beginning: the bronze tables are the system of record.
+        return {_key(t, p): 0 for t, p in self._partitions_now()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._end_offsets()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows > 0 else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        ends = self._end_offsets()
+        if self._target is not None:
+            ends = {k: min(v, self._target.get(k, 0)) for k, v in ends.items()}
+        end = dict(start)
+        for k, v in ends.items():
+            end[k] = max(v, start.get(k, 0))
+        if isinstance(limit, ReadMaxRows):
+            end = _cap_rows(start, end, int(limit.max_rows))
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        return getattr(self, "_ends", None)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        out = []
+        for key, stop in sorted(end.items()):
+            begin = int(start.get(key, 0))
+            if stop > begin:
+                topic, part = _split_key(key)
+                out.append(TopicPartitionRange(topic, part, self.topics[topic], begin, int(stop)))
+        return out
+
+    def commit(self, end: dict) -> None:
+        pass  # offsets live in the Spark checkpoint
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # -- executor side -----------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from streaming.decode import BatchDecoder
+
+        assert isinstance(partition, TopicPartitionRange)
+        decoder = BatchDecoder(
+            partition.kind,
+            tables=output_tables(list(dict.fromkeys(self.topics.values()))),
+            max_event_bytes=int(self.options.get("max_event_bytes", "65536")),
+        )
+        for records in _fetch_range(self.options, partition):
+            yield decoder.decode(partition.topic, partition.partition, records)
+
+
+def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
+    """Admit at most ``max_rows`` records, shared in proportion to each partition's backlog."""
+    backlog = {k: end[k] - start.get(k, 0) for k in end if end[k] > start.get(k, 0)}
+    total = sum(backlog.values())
+    if total <= max_rows or max_rows <= 0:
+        return end
+    capped = dict(end)
+    for k, n in backlog.items():
+        capped[k] = start.get(k, 0) + max(1, (n * max_rows) // total)
+    return capped
+
+
+_CONSUMERS: dict[str, Any] = {}
+
+
+def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[list[Any]]:
+    """Yield lists of records with offsets in [start, end); fail loudly if Kafka stops answering."""
+    from kafka import TopicPartition
+
+    cache_key = options.get(SECRET_OPTION, "")
+    consumer = _CONSUMERS.get(cache_key)
+    if consumer is None:  # Python workers are reused: keep one consumer per worker process
+        consumer = _make_consumer(
+            options,
+            fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+            fetch_max_wait_ms=100,
+        )
+        _CONSUMERS[cache_key] = consumer
+    tp = TopicPartition(part.topic, part.partition)
+    consumer.assign([tp])
+    consumer.seek(tp, part.start)
+    stall_limit = float(options.get("connect_timeout_s", "30"))
+    last_progress = time.monotonic()
+    position = part.start
+    while position < part.end:
+        polled = consumer.poll(timeout_ms=500, max_records=50_000).get(tp, [])
+        batch = [r for r in polled if r.offset < part.end]
+        if polled:
+            position = polled[-1].offset + 1
+            last_progress = time.monotonic()
+        else:
+            position = max(position, consumer.position(tp))
+            if time.monotonic() - last_progress > stall_limit:
+                raise KafkaUnavailableError(
+                    f"Kafka stopped answering while reading {part.topic}/{part.partition} "
+                    f"offsets [{part.start}, {part.end}) at {position}; the batch will be retried"
+                )
+        if batch:
+            yield batch
+
+
+def read_events(spark: "SparkSession", cfg: Config, kinds: Sequence[str], name: str) -> "DataFrame":
+    """A streaming DataFrame of decoded events of ``kinds`` (routed rows, see module docstring)."""
+    register(spark)
+    topics = {cfg.topics.event_topics()[k]: k for k in kinds}
+    return (
+        spark.readStream.format(SOURCE_NAME)
+        .option("topics", json.dumps(topics))
+        .option("max_rows", str(cfg.stream.max_events_per_batch))
+        .option("max_event_bytes", str(cfg.stream.max_event_bytes))
+        .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
+        .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
+        .option("query", name)
+        .load()
+    )
+
+
+_REGISTERED: set[int] = set()
+
+
+def register(spark: "SparkSession") -> None:
+    if id(spark) not in _REGISTERED:
+        spark.dataSource.register(KafkaEventSource)
+        _REGISTERED.add(id(spark))
