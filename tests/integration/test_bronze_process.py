@@ -1,0 +1,136 @@
+"""faultwatch stream as a real process: SIGKILL and restart, Kafka going away, spark-submit."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.config import Config
+from pipeline.deltaio import read_table
+from pipeline.kafka_local import free_port, start_local_kafka
+from tests.conftest import unique_topics
+from tests.integration.bronze_data import make_mix, produce_mix
+from tests.integration.processes import (
+    BIN,
+    REPO,
+    committed_batches,
+    kill_tree,
+    start_faultwatch,
+    wait_for,
+    write_config,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def assert_bronze_equals(cfg: Config, mix) -> None:  # type: ignore[no-untyped-def]
+    sends = read_table(cfg.storage.root, "send_results").column("event_id").to_pylist()
+    expected = [orjson.loads(v)["event_id"] for v in mix.valid["send_result"]]
+    dupes = [k for k, n in Counter(sends).items() if n > 1]
+    assert not dupes, f"duplicated event ids: {dupes[:5]}"
+    assert sorted(sends) == sorted(expected)
+    assert read_table(cfg.storage.root, "consumer_progress").num_rows == len(mix.valid["consumer_progress"])
+    quarantine = read_table(cfg.storage.root, "quarantine")
+    assert sorted(quarantine.column("raw_value").to_pylist()) == sorted(v for _k, v, _r in mix.bad)
+
+
+def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(kafka, cfg: Config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = unique_topics(cfg, kafka, "killme").replace(stream__max_events_per_batch=1500, stream__trigger_interval_s=0.5)
+    mix = make_mix(20_000, seed=11)
+    produce_mix(kafka.bootstrap, cfg.topics.event_topics(), mix)
+    conf = write_config(cfg, tmp_path / "fw.toml")
+    log = tmp_path / "stream.log"
+
+    proc = start_faultwatch("stream", "--config", str(conf), "--only", "bronze", log=log)
+    wait_for(lambda: committed_batches(cfg, "bronze") >= 3, 240, "three committed batches", proc, log)
+    kill_tree(proc, signal.SIGKILL)  # the next batch is in flight: no chance to clean up
+    partial = read_table(cfg.storage.root, "send_results").num_rows
+    assert 0 < partial < len(mix.valid["send_result"])
+
+    again = subprocess.run(
+        [str(BIN / "faultwatch"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "[bronze] total:" in again.stdout
+    assert_bronze_equals(cfg, mix)
+
+
+def test_kafka_going_away_mid_run_fails_loudly(cfg: Config, tmp_path: Path) -> None:
+    broker = start_local_kafka(topics=Config().topics.all(), partitions=2)
+    try:
+        cfg = cfg.replace(
+            kafka__bootstrap_servers=broker.bootstrap, kafka__connect_timeout_s=5.0, stream__trigger_interval_s=0.5
+        )
+        mix = make_mix(2_000, seed=5)
+        produce_mix(broker.bootstrap, cfg.topics.event_topics(), mix)
+        conf = write_config(cfg, tmp_path / "fw.toml")
+        log = tmp_path / "stream.log"
+        proc = start_faultwatch("stream", "--config", str(conf), "--only", "bronze", log=log)
+        wait_for(lambda: committed_batches(cfg, "bronze") >= 1, 240, "a committed batch", proc, log)
+        broker.stop()
+        code = proc.wait(timeout=180)
+    finally:
+        broker.stop()
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    assert "query bronze failed" in text and "Kafka" in text
+    # What was committed before the outage is intact and complete per batch.
+    assert read_table(cfg.storage.root, "send_results").num_rows > 0
+
+
+def test_runs_under_spark_submit_on_a_standalone_cluster(kafka, cfg: Config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import sys
+
+    cfg = unique_topics(cfg, kafka, "standalone").replace(stream__max_events_per_batch=3000)
+    mix = make_mix(5_000, seed=13)
+    produce_mix(kafka.bootstrap, cfg.topics.event_topics(), mix)
+    conf = write_config(cfg, tmp_path / "fw.toml")
+    port = free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(tmp_path), "SPARK_NO_DAEMONIZE": "1"}
+    spark_class = str(BIN / "spark-class")
+    logs = tmp_path / "cluster.log"
+    procs = []
+    with open(logs, "ab") as out:
+        procs.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+             "--webui-port", str(free_port())], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host",
+                 "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                 "--work-dir", str(tmp_path / "work")], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    try:
+        wait_for(lambda: logs.read_text(errors="replace").count("Successfully registered with master") >= 2,
+                 120, "two workers registered", log=logs)
+        result = subprocess.run(
+            [str(BIN / "spark-submit"), "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.executor.memory=768m",
+             str(REPO / "pipeline" / "cli.py"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+            env={**env, "FAULTWATCH_SPARK_MASTER": f"spark://127.0.0.1:{port}"},
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert f"spark=spark://127.0.0.1:{port}" in result.stdout
+        assert_bronze_equals(cfg, mix)
+        apps = list((tmp_path / "work").glob("app-*/*/stderr"))
+        assert len({p.parent.name for p in apps}) >= 2 or len(apps) >= 2  # executors ran on the workers
+    finally:
+        for p in procs:
+            try:
+                import os as _os
+                _os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        time.sleep(0.1)
