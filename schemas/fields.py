@@ -137,6 +137,7 @@ def check_record(fields: Sequence[Field], obj: Any) -> dict[str, Any]:
 
 
 _MISSING = object()
+_INT_RANGE = {"int64": (-(2**63), 2**63 - 1), "int32": (-(2**31), 2**31 - 1)}
 _EXACT_TYPES: dict[str, frozenset[type]] = {
     "string": frozenset({str}),
     "int64": frozenset({int}),
@@ -153,7 +154,7 @@ def _plan(fields: Sequence[Field]) -> list[tuple[str, frozenset[type], bool, boo
     out = []
     for f in fields:
         bounded = f.enum is not None or f.min is not None or f.max is not None or f.max_len is not None
-        bounded = bounded or f.kind == "string"  # empty strings are rejected
+        bounded = bounded or f.kind in ("string", "int64", "int32")  # empty strings, Arrow int range
         out.append((f.name, _EXACT_TYPES.get(f.kind, frozenset()), f.required, f.nullable, bounded, f))
     return out
 
@@ -168,6 +169,8 @@ def _check_value(f: Field, value: Any) -> Any:
         raise Invalid("wrong_type", f"field {f.name!r} must be a list of strings")
     if f.enum is not None and value not in f.enum:
         raise Invalid("unknown_value", f"field {f.name!r} = {value!r} is not one of {list(f.enum)}")
+    if f.kind in _INT_RANGE and not _INT_RANGE[f.kind][0] <= value <= _INT_RANGE[f.kind][1]:
+        raise Invalid("out_of_range", f"field {f.name!r} = {value!r} does not fit {f.kind}")
     if f.min is not None and value < f.min:
         raise Invalid("out_of_range", f"field {f.name!r} = {value!r} is below {f.min}")
     if f.max is not None and value > f.max:

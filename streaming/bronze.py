@@ -18,5 +18,5 @@ NAME = "bronze"
 def build_bronze(spark: "SparkSession", cfg: Config) -> "DataStreamWriter":
     from streaming.delta_sink import write_routed
 
-    events = read_events(spark, cfg, KINDS, NAME)
+    events = read_events(spark, cfg, KINDS, NAME, chunked=True)
     return write_routed(events, cfg, NAME, output_tables(KINDS))

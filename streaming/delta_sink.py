@@ -48,6 +48,7 @@ class DataFile:
 @dataclass
 class RoutedCommit(WriterCommitMessage):
     files: list[DataFile] = field(default_factory=list)
+    events_in: int | None = None  # chunked input only: the events the chunks carried
 
 
 def ensure_tables(root: str, names: Sequence[str]) -> None:
@@ -86,19 +87,30 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
     # -- executors ---------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> RoutedCommit:
         by_table: dict[str, list[pa.RecordBatch]] = {}
+        events_in: int | None = None
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
+            if "arrow" in batch.schema.names:  # chunked input (see streaming.kafka_source.to_chunks)
+                events_in = (events_in or 0) + sum(batch.column("rows").to_pylist())
+                for name, payload in zip(batch.column(ROUTE_COLUMN).to_pylist(), batch.column("arrow").to_pylist()):
+                    self._check_route(name)
+                    by_table.setdefault(name, []).extend(pa.ipc.open_stream(payload).read_all().to_batches())
+                continue
             routes = batch.column(ROUTE_COLUMN)
             for name in pc.unique(routes).to_pylist():
-                if name not in self.tables:
-                    raise ValueError(f"row routed to {name!r}, which this sink does not write ({self.tables})")
+                self._check_route(name)
                 part = batch.filter(pc.equal(routes, name))
                 by_table.setdefault(name, []).append(part)
         files: list[DataFile] = []
         for name, batches in by_table.items():
-            files.extend(self._write_table(name, pa.Table.from_batches(batches)))
-        return RoutedCommit(files)
+            if batches:
+                files.extend(self._write_table(name, pa.Table.from_batches(batches)))
+        return RoutedCommit(files, events_in)
+
+    def _check_route(self, name: str) -> None:
+        if name not in self.tables:
+            raise ValueError(f"row routed to {name!r}, which this sink does not write ({self.tables})")
 
     def _write_table(self, name: str, rows: pa.Table) -> list[DataFile]:
         spec = table(name)
@@ -169,7 +181,11 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
             )
             counts[name] = sum(f.num_records for f in mine)
         if self.report_dir:
-            _write_report(self.report_dir, batchId, {f.table: 0 for f in files} | counts)
+            report = {f.table: 0 for f in files} | counts
+            chunked = [m.events_in for m in messages if m is not None and m.events_in is not None]
+            if chunked:
+                report["_events_in"] = sum(chunked)
+            _write_report(self.report_dir, batchId, report)
 
 
 def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
@@ -178,6 +194,7 @@ def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
     tmp = Path(folder) / f".{batch_id}.json.tmp"
     tmp.write_text(json.dumps(counts))
     tmp.replace(Path(folder) / f"{batch_id}.json")
+    (Path(folder) / f"{batch_id - 1000}.json").unlink(missing_ok=True)  # keep the last thousand
 
 
 def read_report(folder: str, batch_id: int) -> dict[str, int] | None:

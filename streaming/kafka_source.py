@@ -71,6 +71,8 @@ class KafkaEventSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> Any:  # a StructType
+        if self.options.get("chunked") == "true":
+            return CHUNK_SCHEMA
         kinds = list(json.loads(self.options["topics"]).values())
         return spark_schema(routed_fields(output_tables(list(dict.fromkeys(kinds)))))
 
@@ -223,8 +225,41 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tables=output_tables(list(dict.fromkeys(self.topics.values()))),
             max_event_bytes=int(self.options.get("max_event_bytes", "65536")),
         )
+        chunked = self.options.get("chunked") == "true"
         for records in _fetch_range(self.options, partition):
-            yield decoder.decode(partition.topic, partition.partition, records)
+            batch = decoder.decode(partition.topic, partition.partition, records)
+            yield to_chunks(batch) if chunked else batch
+
+
+# Bronze never needs Spark to look inside an event, so it can carry events as Arrow IPC chunks: one
+# Spark row per table and fetch (a few thousand events) instead of one per event. Measured on this
+# machine, the JVM's per-cell conversions of the 39-column routed rows cost ~5x the Kafka read;
+# with chunks Spark still owns offsets, checkpoints and the exactly-once commits.
+CHUNK_SCHEMA = "_table string, rows long, arrow binary"
+
+
+def to_chunks(batch: Any) -> Any:
+    """A routed batch as one row per table: (table name, row count, Arrow IPC stream bytes)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from schemas.tables import ROUTE_COLUMN, table
+
+    names, counts, payloads = [], [], []
+    routes = batch.column(ROUTE_COLUMN)
+    for name in pc.unique(routes).to_pylist():
+        spec = table(name)
+        part = batch.filter(pc.equal(routes, name)).select(spec.columns).cast(spec.arrow_schema())
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_batch(part)
+        names.append(name)
+        counts.append(part.num_rows)
+        payloads.append(sink.getvalue().to_pybytes())
+    return pa.RecordBatch.from_pydict(
+        {"_table": names, "rows": counts, "arrow": payloads},
+        schema=pa.schema([("_table", pa.string()), ("rows", pa.int64()), ("arrow", pa.binary())]),
+    )
 
 
 def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
@@ -279,8 +314,11 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
             yield batch
 
 
-def read_events(spark: "SparkSession", cfg: Config, kinds: Sequence[str], name: str) -> "DataFrame":
-    """A streaming DataFrame of decoded events of ``kinds`` (routed rows, see module docstring)."""
+def read_events(
+    spark: "SparkSession", cfg: Config, kinds: Sequence[str], name: str, chunked: bool = False
+) -> "DataFrame":
+    """A streaming DataFrame of decoded events of ``kinds``: routed rows (see module docstring), or
+    with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`)."""
     register(spark)
     topics = {cfg.topics.event_topics()[k]: k for k in kinds}
     return (
@@ -291,6 +329,7 @@ def read_events(spark: "SparkSession", cfg: Config, kinds: Sequence[str], name: 
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)
+        .option("chunked", "true" if chunked else "false")
         .load()
     )
 

@@ -93,3 +93,36 @@ def test_routed_fields_reject_conflicting_types() -> None:
     with pytest.raises(ValueError, match="unknown kind"):
         Field("x", "decimal")
     assert arrow_schema(fields).names[0] == "_table"
+
+
+def test_integers_beyond_arrow_range_are_rejected() -> None:
+    from schemas.events import SEND_RESULT
+    from schemas.fields import check_record
+
+    huge = mutate(queue_offset=2**63 - 1).replace(b"9223372036854775807", b"92233720368547758070")
+    with pytest.raises(Invalid) as err:
+        decode_event("send_result", huge)  # orjson reads it as a float
+    assert err.value.reason == "wrong_type"
+    with pytest.raises(Invalid) as err:
+        check_record(SEND_RESULT, {**good_obj(), "queue_offset": 2**64})
+    assert err.value.reason == "out_of_range"
+
+
+def test_decoder_quarantines_what_check_record_rejects() -> None:
+    from collections import namedtuple
+
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_source import output_tables
+
+    rec = namedtuple("rec", "key value offset timestamp")
+    values = [GOOD.to_json(), mutate(queue_id=2**40), mutate(latency_ms=-1), b"{", mutate(status="X")]
+    batch = BatchDecoder("send_result", output_tables(["send_result"]), 65_536).decode(
+        "t", 0, [rec(None, v, i, 1) for i, v in enumerate(values)]
+    )
+    rows = batch.to_pylist()
+    assert [r["_table"] for r in rows].count("send_results") == 1
+    assert sorted(r["reason"] for r in rows if r["_table"] == "quarantine") == [
+        "bad_json", "out_of_range", "out_of_range", "unknown_value"
+    ]
+    good = next(r for r in rows if r["_table"] == "send_results")
+    assert good["event_id"] == GOOD.event_id and good["event_date"] == "2023-11-14" and good["kafka_offset"] == 0

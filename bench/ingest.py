@@ -1,0 +1,188 @@
+"""Bronze ingest throughput against the raw Kafka consume ceiling, in one run.
+
+    .venv/bin/python bench/ingest.py [--events 1000000] [--partitions 4]
+
+1. starts a local broker (Tansu) and preloads N send results spread over 50 brokers' keys;
+2. (a) ceiling: consumes the whole topic with kafka-python in this one process, no decoding;
+3. (b) runs ``faultwatch stream --once --only bronze`` as a separate process on that topic;
+4. prints events/s for both, their ratio, and the peak RSS of the streaming process tree
+   (driver JVM + Python workers).
+
+Throughput of (b) is measured from the moment the queries start (the "started:" line) to exit, so
+the JVM's start-up is reported separately rather than diluting the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.config import Config  # noqa: E402
+from pipeline.kafka_local import start_local_kafka  # noqa: E402
+
+BASE_TS = 1_700_000_000_000
+
+
+def _event(i: int, n_brokers: int = 50, n_producers: int = 500) -> bytes:
+    from schemas.events import SendResult
+
+    ok = i % 50 != 0
+    return SendResult(
+        event_id=f"bench-{i}", ts_ms=BASE_TS + i, cluster="bench", producer_group="PG",
+        client_id=f"10.0.{i % n_producers // 250}.{i % 250}@{i % n_producers}",
+        client_version="4.9.8" if i % 2 else "5.3.3", topic="BenchTopic",
+        broker_name=f"broker-{i % n_brokers:02d}", queue_id=i % 8,
+        status="SEND_OK" if ok else "FAILED", latency_ms=(i * 7919) % 400,
+        error=None if ok else "org.apache.rocketmq.remoting.exception.RemotingTimeoutException",
+        queue_offset=i // n_brokers if ok else None, attempt=0,
+    ).to_json()
+
+
+def _produce_slice(bootstrap: str, topic: str, start: int, stop: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024,
+        max_request_size=8 * 1024 * 1024,
+    )
+    for i in range(start, stop):
+        producer.send(topic, key=f"broker-{i % 50:02d}".encode(), value=_event(i))
+    producer.flush()
+    producer.close()
+
+
+def preload(bootstrap: str, topic: str, n: int, procs: int = 2) -> float:
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    step = (n + procs - 1) // procs
+    workers = [ctx.Process(target=_produce_slice, args=(bootstrap, topic, i * step, min(n, (i + 1) * step))) for i in range(procs)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+        if w.exitcode != 0:
+            raise SystemExit(f"preload failed (exit {w.exitcode})")
+    return time.perf_counter() - t0
+
+
+def consume_ceiling(bootstrap: str, topic: str, n: int) -> float:
+    """Seconds to read all ``n`` records with one kafka-python consumer (no decoding at all)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+        fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+    consumer.assign(tps)
+    consumer.seek_to_beginning()
+    t0 = time.perf_counter()
+    seen = 0
+    while seen < n:
+        for records in consumer.poll(timeout_ms=1000, max_records=100_000).values():
+            seen += len(records)
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    return elapsed
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
+    """Run faultwatch stream --once; returns wall, startup and processing seconds and peak RSS."""
+    args = [str(REPO / ".venv" / "bin" / "faultwatch"), "stream", "--config", str(config), "--once"]
+    for concern in only:
+        args += ["--only", concern]
+    t0 = time.perf_counter()
+    started_at: list[float] = []
+    peak = [0]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO)
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], tree_rss(proc.pid))
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if line.startswith("started:") and not started_at:
+                started_at.append(time.perf_counter())
+            if "total:" in line or line.startswith("[") and "batch" in line:
+                print("   ", line.rstrip(), flush=True)
+        code = proc.wait()
+        sampler.join()
+    end = time.perf_counter()
+    if code != 0:
+        raise SystemExit(f"faultwatch stream exited {code}; see {log}")
+    start = started_at[0] if started_at else t0
+    return {"wall": end - t0, "startup": start - t0, "processing": end - start, "peak_rss": peak[0]}
+
+
+def write_config(path: Path, bootstrap: str, topic: str, data: Path, max_batch: int, extra: str = "") -> Path:
+    path.write_text(
+        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
+        f'[topics]\nsend_results = "{topic}"\n'
+        f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\n'
+        f"[stream]\nmax_events_per_batch = {max_batch}\ntrigger_interval_s = 1.0\n{extra}"
+    )
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--max-batch", type=int, default=250_000)
+    args = ap.parse_args()
+    n = args.events
+    topic = "bench.send-results"
+    work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-ingest-"))
+    cfg = Config()
+    print(f"bench/ingest: {n} send results, {args.partitions} partitions, {os.cpu_count()} cores; work dir {work}")
+    with start_local_kafka(topics=[topic, *cfg.topics.all()], partitions=args.partitions) as kafka:
+        secs = preload(kafka.bootstrap, topic, n)
+        print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)")
+        ceiling_s = consume_ceiling(kafka.bootstrap, topic, n)
+        print(f"(a) ceiling, raw kafka-python consume in one process: {n / ceiling_s:,.0f} events/s ({ceiling_s:.1f}s)")
+        conf = write_config(work / "fw.toml", kafka.bootstrap, topic, work / "data", args.max_batch)
+        r = run_stream(conf, ["bronze"], work / "bronze.log")
+    bronze = n / r["processing"]
+    print(
+        f"(b) bronze, faultwatch stream --once: {bronze:,.0f} events/s "
+        f"({r['processing']:.1f}s processing + {r['startup']:.1f}s start-up; whole process {n / r['wall']:,.0f} events/s)"
+    )
+    print(f"ratio bronze / ceiling: {bronze / (n / ceiling_s):.2f}")
+    print(f"peak RSS of the streaming process tree: {r['peak_rss'] / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

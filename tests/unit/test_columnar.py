@@ -1,0 +1,52 @@
+"""The column-wise validator never passes a record that the per-record check rejects."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.columnar import validate_columns
+from schemas.events import EVENTS, ConsumerProgress, GroupMembership, SendResult
+from schemas.fields import Invalid, check_record
+
+BASE = {
+    "send_result": orjson.loads(SendResult("e", 1_700_000_000_000, "c", "pg", "cid", "4.9.8", "T", "b", 1, "SEND_OK", 5, None, 3, 0).to_json()),
+    "consumer_progress": orjson.loads(ConsumerProgress(1_700_000_000_000, "c", "g", "T", "b", 0, 5).to_json()),
+    "group_membership": orjson.loads(GroupMembership(1_700_000_000_000, "c", "g", "T", ("a",)).to_json()),
+}
+ODD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=False),
+    st.text(max_size=5), st.sampled_from(["", "SEND_OK", "FAILED", "AVG", "x" * 600]),
+    st.lists(st.one_of(st.text(max_size=3), st.integers()), max_size=3), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[str, object]:
+    kind = draw(st.sampled_from(sorted(EVENTS)))
+    obj = dict(BASE[kind])
+    for name in draw(st.lists(st.sampled_from([f.name for f in EVENTS[kind]]), max_size=3)):
+        if draw(st.booleans()):
+            obj.pop(name, None)
+        else:
+            obj[name] = draw(ODD_VALUES)
+    if draw(st.integers(0, 20)) == 0:
+        return kind, draw(st.sampled_from([[], "str", 3, None]))
+    return kind, obj
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(mutated(), min_size=1, max_size=12))
+def test_columnar_verdicts_agree_with_check_record(cases: list[tuple[str, object]]) -> None:
+    for kind in {k for k, _ in cases}:
+        objs = [o for k, o in cases if k == kind]
+        arrays, suspects = validate_columns(EVENTS[kind], objs)
+        for i, obj in enumerate(objs):
+            try:
+                expected = check_record(EVENTS[kind], obj)
+            except Invalid:
+                assert i in suspects, (kind, obj)
+                continue
+            if i not in suspects:  # trusted by the fast path: its columns must equal the checked row
+                assert {n: arrays[n][i].as_py() for n in expected} == expected
