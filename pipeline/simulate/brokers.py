@@ -1,0 +1,144 @@
+"""What one send attempt to a broker returns at a given time: latency, outcome and error text.
+
+The latency of a healthy broker is log-normal (median and p99 from the scenario). A fault schedule
+overrides it: an outage refuses connections or swallows requests until the client's timeout, flow
+control rejects a share of sends with the broker's ``[TIMEOUT_CLEAN_QUEUE]`` (or
+``[PCBUSY_CLEAN_QUEUE]``) response, a slow disk answers ``FLUSH_DISK_TIMEOUT``, a latency spike slows
+responses (past the send timeout they become client timeouts). Error texts are what the Java client
+reports, so ``pipeline.rocketmq.outcomes`` classifies them as it would real ones.
+
+Draws come from the caller's ``random.Random``, so every producer owns its stream and a run is
+reproducible whatever order producers are stepped in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from pipeline.simulate.scenario import FaultSpec, Scenario
+
+_Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+# (latency_ms, ok, error, stored): ``error`` names a non-OK SendStatus for a stored message.
+Outcome = tuple[int, bool, "str | None", bool]
+
+
+@dataclass(frozen=True)
+class ActiveFault:
+    """A fault spec resolved to absolute times and defaults."""
+
+    kind: str
+    start_ms: int
+    end_ms: int
+    mode: str
+    share: float
+    median_ms: float
+    sigma: float
+    response: str
+
+
+def _sigma(median: float, p99: float) -> float:
+    return math.log(p99 / median) / _Z99 if p99 > median > 0 else 0.0
+
+
+def resolve_fault(f: FaultSpec, epoch_ms: int, end_ms: int) -> ActiveFault:
+    """Absolute times and the defaults of each kind's parameters."""
+    start = epoch_ms + round(f.start_s * 1000)
+    stop = end_ms + 3_600_000 if f.duration_s is None else start + round(f.duration_s * 1000)
+    if f.kind == "latency_spike":
+        median = float(f.latency_ms or 0.0)
+        p99 = f.latency_p99_ms if f.latency_p99_ms is not None else median * 2
+        return ActiveFault(f.kind, start, stop, "", f.share or 1.0, median, _sigma(median, p99), "")
+    if f.kind == "flow_control":
+        response = f.response or "TIMEOUT_CLEAN_QUEUE"
+        # TIMEOUT_CLEAN_QUEUE drops requests that waited > 200 ms in the send queue.
+        default = 200.0 if response == "TIMEOUT_CLEAN_QUEUE" else 0.0
+        median = default if f.latency_ms is None else f.latency_ms
+        return ActiveFault(f.kind, start, stop, "", f.share or 0.5, median, 0.0, response)
+    if f.kind == "slow_disk":
+        median = 1000.0 if f.latency_ms is None else f.latency_ms
+        return ActiveFault(f.kind, start, stop, "", f.share or 1.0, median, 0.1, "")
+    return ActiveFault(f.kind, start, stop, f.mode or "refused", 1.0, 0.0, 0.0, "")
+
+
+class BrokerModel:
+    """All brokers of a scenario; :meth:`attempt` is the broker side of one send attempt."""
+
+    def __init__(self, scenario: Scenario, epoch_ms: int) -> None:
+        end_ms = epoch_ms + round(scenario.duration_s * 1000)
+        self.names = [b.name for b in scenario.brokers]
+        self.addresses = {b.name: f"10.0.{i // 250}.{i % 250 + 10}:10911" for i, b in enumerate(scenario.brokers)}
+        self._base = {b.name: (b.latency_median_ms, _sigma(b.latency_median_ms, b.latency_p99_ms)) for b in scenario.brokers}
+        self._faults: dict[str, list[ActiveFault]] = {name: [] for name in self.names}
+        for f in scenario.faults:
+            self._faults[f.broker].append(resolve_fault(f, epoch_ms, end_ms))
+        # Per broker: (valid_from, valid_to, active faults) — the fault set is constant in between.
+        self._cache: dict[str, tuple[int, int, tuple[ActiveFault, ...]]] = {}
+
+    def active(self, broker: str, t_ms: int) -> tuple[ActiveFault, ...]:
+        cached = self._cache.get(broker)
+        if cached is not None and cached[0] <= t_ms < cached[1]:
+            return cached[2]
+        lo, hi = -(2**62), 2**62
+        active = []
+        for f in self._faults[broker]:
+            if f.start_ms <= t_ms < f.end_ms:
+                active.append(f)
+                lo, hi = max(lo, f.start_ms), min(hi, f.end_ms)
+            elif t_ms < f.start_ms:
+                hi = min(hi, f.start_ms)
+            else:
+                lo = max(lo, f.end_ms)
+        entry = (lo, hi, tuple(active))
+        self._cache[broker] = entry
+        return entry[2]
+
+    def is_down(self, broker: str, t_ms: int) -> bool:
+        """An outage is active: consumers cannot pull and the admin poller gets no answer."""
+        return any(f.kind == "outage" for f in self.active(broker, t_ms))
+
+    def attempt(self, broker: str, begin_ms: int, budget_ms: int, rng: random.Random) -> Outcome:
+        """One attempt started at ``begin_ms`` with ``budget_ms`` of the send timeout left."""
+        if budget_ms <= 0:
+            return 0, False, "RemotingTooMuchRequestException: sendKernelImpl call timeout", False
+        median, sigma = self._base[broker]
+        latency = int(median * math.exp(sigma * rng.gauss(0.0, 1.0)))
+        faults = self.active(broker, begin_ms)
+        status: str | None = None
+        if faults:
+            for f in faults:
+                if f.kind == "outage":
+                    return self._outage(broker, f, latency, budget_ms)
+            for f in faults:
+                if f.kind == "flow_control" and rng.random() < f.share:
+                    return self._busy(f, latency, budget_ms, rng)
+            for f in faults:
+                if f.kind == "latency_spike" and rng.random() < f.share:
+                    latency = max(latency, int(f.median_ms * math.exp(f.sigma * rng.gauss(0.0, 1.0))))
+                elif f.kind == "slow_disk" and rng.random() < f.share:
+                    latency = max(latency, int(f.median_ms * math.exp(f.sigma * rng.gauss(0.0, 1.0))))
+                    status = "FLUSH_DISK_TIMEOUT"
+        if latency >= budget_ms:
+            # The broker stores the message, but the reply comes after the client gave up.
+            return budget_ms, False, self._timeout_text(broker, budget_ms), True
+        return latency, True, status, True
+
+    def _outage(self, broker: str, f: ActiveFault, latency: int, budget_ms: int) -> Outcome:
+        if f.mode == "timeout":
+            return budget_ms, False, self._timeout_text(broker, budget_ms), False
+        # Connection refused comes back at once.
+        return min(latency, budget_ms), False, f"RemotingConnectException: connect to {self.addresses[broker]} failed", False
+
+    def _busy(self, f: ActiveFault, latency: int, budget_ms: int, rng: random.Random) -> Outcome:
+        waited = int(f.median_ms + rng.random() * 20) if f.response == "TIMEOUT_CLEAN_QUEUE" else rng.randrange(1, 50)
+        size = rng.randrange(200, 5000)
+        error = (
+            f"MQBrokerException: CODE: 2  DESC: [{f.response}]broker busy, start flow control for a while, "
+            f"period in queue: {waited}ms, size of queue: {size}"
+        )
+        return min(latency + int(f.median_ms), budget_ms), False, error, False
+
+    def _timeout_text(self, broker: str, budget_ms: int) -> str:
+        return f"RemotingTimeoutException: wait response on the channel <{self.addresses[broker]}> timeout, {budget_ms}(ms)"
