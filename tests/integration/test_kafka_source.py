@@ -1,0 +1,110 @@
+"""The Kafka reader's offset logic against the real broker (no Spark needed for these)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kafka import KafkaProducer
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from pipeline.config import Config
+from pipeline.kafka_local import create_topics
+from streaming.kafka_source import SECRET_OPTION, KafkaEventReader, TopicPartitionRange, _cap_rows
+
+pytestmark = pytest.mark.kafka
+
+
+def reader(kafka, topic: str, **options: str) -> KafkaEventReader:  # type: ignore[no-untyped-def]
+    cfg = Config().replace(kafka__bootstrap_servers=kafka.bootstrap, kafka__connect_timeout_s=5.0)
+    return KafkaEventReader(
+        {
+            "topics": json.dumps({topic: "send_result"}),
+            SECRET_OPTION: json.dumps(cfg.kafka.client_options()),
+            "connect_timeout_s": "5",
+            **options,
+        }
+    )
+
+
+def produce(kafka, topic: str, per_partition: dict[int, int]) -> None:  # type: ignore[no-untyped-def]
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=50, batch_size=1 << 20)
+    for partition, n in per_partition.items():
+        for i in range(n):
+            producer.send(topic, value=b"{}", partition=partition)
+    producer.flush()
+    producer.close()
+
+
+def test_end_offsets_are_exact_even_where_list_offsets_is_wrong(kafka) -> None:  # type: ignore[no-untyped-def]
+    create_topics(kafka.bootstrap, ["src.ends"], 2)
+    produce(kafka, "src.ends", {0: 1000, 1: 7})  # batched: Tansu's ListOffsets answers 1, not 1000
+    r = reader(kafka, "src.ends")
+    try:
+        start = r.initialOffset()
+        assert start == {"src.ends/0": 0, "src.ends/1": 0}
+        assert r.latestOffset(start, ReadAllAvailable()) == {"src.ends/0": 1000, "src.ends/1": 7}
+        produce(kafka, "src.ends", {0: 5})
+        assert r.latestOffset(start, ReadAllAvailable())["src.ends/0"] == 1005
+    finally:
+        r.stop()
+
+
+def test_a_topic_created_later_is_picked_up_from_its_beginning(kafka) -> None:  # type: ignore[no-untyped-def]
+    r = reader(kafka, "src.later")
+    try:
+        start = r.initialOffset()
+        assert start == {}  # does not exist yet: nothing to read, no crash
+        assert r.latestOffset(start, ReadAllAvailable()) == {}
+        create_topics(kafka.bootstrap, ["src.later"], 3)
+        produce(kafka, "src.later", {0: 3, 2: 4})
+        end = r.latestOffset(start, ReadAllAvailable())
+        assert end == {"src.later/0": 3, "src.later/1": 0, "src.later/2": 4}
+        assert r.partitions(start, end) == [
+            TopicPartitionRange("src.later", 0, "send_result", 0, 3),
+            TopicPartitionRange("src.later", 2, "send_result", 0, 4),
+        ]
+    finally:
+        r.stop()
+
+
+def test_admission_control_caps_rows_per_batch(kafka) -> None:  # type: ignore[no-untyped-def]
+    create_topics(kafka.bootstrap, ["src.cap"], 2)
+    produce(kafka, "src.cap", {0: 300, 1: 100})
+    r = reader(kafka, "src.cap", max_rows="100")
+    try:
+        limit = r.getDefaultReadLimit()
+        assert isinstance(limit, ReadMaxRows) and limit.max_rows == 100
+        start = r.initialOffset()
+        end = r.latestOffset(start, limit)
+        assert end == {"src.cap/0": 75, "src.cap/1": 25}  # shared by backlog
+        end2 = r.latestOffset(end, ReadAllAvailable())  # an availableNow catch-up ignores the cap
+        assert end2 == {"src.cap/0": 300, "src.cap/1": 100}
+    finally:
+        r.stop()
+
+
+def test_available_now_stops_at_the_target_seen_at_start(kafka) -> None:  # type: ignore[no-untyped-def]
+    create_topics(kafka.bootstrap, ["src.once"], 1)
+    produce(kafka, "src.once", {0: 10})
+    r = reader(kafka, "src.once")
+    try:
+        start = r.initialOffset()
+        r.prepareForTriggerAvailableNow()
+        produce(kafka, "src.once", {0: 10})  # arrives after --once started: left for the next run
+        assert r.latestOffset(start, ReadAllAvailable()) == {"src.once/0": 10}
+    finally:
+        r.stop()
+
+
+@pytest.mark.parametrize(
+    "start, end, cap, expected",
+    [
+        ({"a/0": 0}, {"a/0": 10}, 100, {"a/0": 10}),
+        ({"a/0": 0, "a/1": 0}, {"a/0": 90, "a/1": 10}, 10, {"a/0": 9, "a/1": 1}),
+        ({"a/0": 5}, {"a/0": 5, "a/1": 1000}, 10, {"a/0": 5, "a/1": 10}),
+        ({"a/0": 0, "a/1": 0}, {"a/0": 1000, "a/1": 1}, 10, {"a/0": 9, "a/1": 1}),  # each partition moves
+    ],
+)
+def test_cap_rows_table(start: dict, end: dict, cap: int, expected: dict) -> None:
+    assert _cap_rows(start, end, cap) == expected
