@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import Config  # noqa: E402
-from pipeline.kafka_local import start_local_kafka  # noqa: E402
+from pipeline.config import Config
+from pipeline.kafka_local import start_local_kafka
 
 BASE_TS = 1_700_000_000_000
 

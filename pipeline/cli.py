@@ -11,7 +11,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipeline.config import ConfigError
 

@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 
 class LocalKafkaError(RuntimeError):
@@ -78,7 +78,7 @@ class LocalKafka:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "LocalKafka":
+    def __enter__(self) -> LocalKafka:  # noqa: PYI034 - a dataclass, not meant to be subclassed
         return self
 
     def __exit__(self, *exc: object) -> None:

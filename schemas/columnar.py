@@ -9,8 +9,9 @@ valid by ``check_record`` too (a property test holds the two together).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import repeat
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc

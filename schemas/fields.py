@@ -7,8 +7,9 @@ Delta. Nothing here imports pyspark at module level: :func:`spark_schema` does i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -83,7 +84,7 @@ class TableSpec:
     def arrow_schema(self) -> pa.Schema:
         return arrow_schema(self.fields)
 
-    def spark_schema(self) -> "StructType":
+    def spark_schema(self) -> StructType:
         return spark_schema(self.fields)
 
 
@@ -91,7 +92,7 @@ def arrow_schema(fields: Sequence[Field]) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.arrow_type, nullable=f.nullable or not f.required) for f in fields])
 
 
-def spark_schema(fields: Sequence[Field]) -> "StructType":
+def spark_schema(fields: Sequence[Field]) -> StructType:
     """The Spark StructType of ``fields``, derived from the pyarrow schema (same nullability)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 

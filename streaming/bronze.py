@@ -15,7 +15,7 @@ KINDS = ("send_result", "consumer_progress", "group_membership")
 NAME = "bronze"
 
 
-def build_bronze(spark: "SparkSession", cfg: Config) -> "DataStreamWriter":
+def build_bronze(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     from streaming.delta_sink import write_routed
 
     events = read_events(spark, cfg, KINDS, NAME, chunked=True)

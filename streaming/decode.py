@@ -7,7 +7,8 @@ module only adds where each record came from and shapes the rows as Arrow.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import pyarrow as pa

@@ -15,9 +15,10 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,7 +74,7 @@ class DeltaRoutedSink(DataSource):
     def name(cls) -> str:
         return SINK_NAME
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> "DeltaStreamWriter":
+    def streamWriter(self, schema: Any, overwrite: bool) -> DeltaStreamWriter:
         return DeltaStreamWriter(dict(self.options))
 
 
@@ -220,8 +221,8 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
 
 
 def write_routed(
-    df: "DataFrame", cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None
-) -> "DataStreamWriter":
+    df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None
+) -> DataStreamWriter:
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing)."""
     spark = df.sparkSession
     register(spark)

@@ -13,8 +13,9 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import Config, describe
 
@@ -46,8 +47,8 @@ def available_concerns() -> list[str]:
 
 
 def build_queries(
-    spark: "SparkSession", cfg: Config, concerns: list[str] | None = None
-) -> dict[str, "DataStreamWriter"]:
+    spark: SparkSession, cfg: Config, concerns: list[str] | None = None
+) -> dict[str, DataStreamWriter]:
     names = concerns or available_concerns()
     unknown = [n for n in names if n not in CONCERNS]
     if unknown:
@@ -55,7 +56,7 @@ def build_queries(
     out = {}
     for name in names:
         module, fn = CONCERNS[name]
-        builder: Callable[[Any, Config], "DataStreamWriter"] = getattr(importlib.import_module(module), fn)
+        builder: Callable[[Any, Config], DataStreamWriter] = getattr(importlib.import_module(module), fn)
         out[name] = builder(spark, cfg)
     return out
 
@@ -90,7 +91,7 @@ def _offsets(raw: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in obj.items()} if isinstance(obj, dict) else None
 
 
-def report_batches(name: str, query: "StreamingQuery", prog: Progress, out: TextIO) -> None:
+def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO) -> None:
     from streaming.delta_sink import read_report, report_dir
 
     for p in query.recentProgress:
@@ -124,7 +125,7 @@ def run_stream(
     once: bool = False,
     duration_s: float | None = None,
     concerns: list[str] | None = None,
-    spark: "SparkSession | None" = None,
+    spark: SparkSession | None = None,
     out: TextIO = sys.stdout,
     on_tick: Callable[[], None] | None = None,
 ) -> int:
@@ -135,7 +136,7 @@ def run_stream(
     print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
     spark = spark or spark_session(cfg)
     writers = build_queries(spark, cfg, concerns)
-    queries: dict[str, "StreamingQuery"] = {}
+    queries: dict[str, StreamingQuery] = {}
     progress = {name: Progress(checkpoint=checkpoint_dir(cfg, name)) for name in writers}
     stop = {"requested": False}
 
@@ -169,7 +170,7 @@ def run_stream(
 
 
 def _watch(
-    queries: dict[str, "StreamingQuery"],
+    queries: dict[str, StreamingQuery],
     progress: dict[str, Progress],
     stop: dict[str, bool],
     deadline: float | None,
@@ -198,7 +199,6 @@ def _short_error(exc: Any) -> str:
     text = str(getattr(exc, "desc", None) or exc)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if "Error:" in ln or "Exception:" in ln:
-            if not ln.startswith("at "):
-                return ln[:500]
+        if ("Error:" in ln or "Exception:" in ln) and not ln.startswith("at "):
+            return ln[:500]
     return (lines[0] if lines else repr(exc))[:500]

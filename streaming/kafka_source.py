@@ -19,11 +19,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from pipeline.config import Config
 from schemas.fields import spark_schema
@@ -76,7 +82,7 @@ class KafkaEventSource(DataSource):
         kinds = list(json.loads(self.options["topics"]).values())
         return spark_schema(routed_fields(output_tables(list(dict.fromkeys(kinds)))))
 
-    def streamReader(self, schema: Any) -> "KafkaEventReader":
+    def streamReader(self, schema: Any) -> KafkaEventReader:
         return KafkaEventReader(dict(self.options))
 
 
@@ -119,7 +125,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics: dict[str, str] = json.loads(options["topics"])  # topic -> event kind
         self.max_rows = int(options.get("max_rows", "0"))
         self._consumer: Any = None
-        self._target: dict[str, int] | None = None
+        self._target: dict[str, int] | None = None  # availableNow: never read past this
+        self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
         self._missing_warned: set[str] = set()
 
     # -- driver side -------------------------------------------------------------------------
@@ -172,7 +179,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def _known_end(self, tp: Any) -> int:
-        return getattr(self, "_ends", {}).get(_key(tp.topic, tp.partition), 0)
+        return self._ends.get(_key(tp.topic, tp.partition), 0)
 
     def initialOffset(self) -> dict:
         # Everything from each partition's beginning: the bronze tables are the system of record.
@@ -196,7 +203,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        return getattr(self, "_ends", None)
+        return self._ends or None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         out = []
@@ -315,8 +322,8 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
 
 
 def read_events(
-    spark: "SparkSession", cfg: Config, kinds: Sequence[str], name: str, chunked: bool = False
-) -> "DataFrame":
+    spark: SparkSession, cfg: Config, kinds: Sequence[str], name: str, chunked: bool = False
+) -> DataFrame:
     """A streaming DataFrame of decoded events of ``kinds``: routed rows (see module docstring), or
     with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`)."""
     register(spark)
@@ -337,7 +344,7 @@ def read_events(
 _REGISTERED: set[int] = set()
 
 
-def register(spark: "SparkSession") -> None:
+def register(spark: SparkSession) -> None:
     if id(spark) not in _REGISTERED:
         spark.dataSource.register(KafkaEventSource)
         _REGISTERED.add(id(spark))

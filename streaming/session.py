@@ -29,7 +29,7 @@ def check_java() -> str:
             + ". Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
         )
     try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+        out = subprocess.run([java, "-version"], check=False, capture_output=True, text=True, timeout=30).stderr
     except OSError as exc:
         raise JavaMissingError(f"cannot run {java}: {exc}") from None
     if '"1.8' in out or 'version "11' in out:
@@ -37,7 +37,7 @@ def check_java() -> str:
     return java
 
 
-def spark_session(cfg: Config, ui: bool = False) -> "SparkSession":
+def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
     """Create (or return the active) session from ``cfg.spark``; workers use this interpreter."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

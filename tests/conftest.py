@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator["object"]:
+def kafka() -> Iterator[object]:
     """A Tansu broker on a free loopback port with the default topics (4 partitions)."""
     from pipeline.kafka_local import start_local_kafka
 

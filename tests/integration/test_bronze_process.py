@@ -55,7 +55,7 @@ def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(kafka, cfg: C
 
     again = subprocess.run(
         [str(BIN / "faultwatch"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "[bronze] total:" in again.stdout
@@ -113,7 +113,7 @@ def test_runs_under_spark_submit_on_a_standalone_cluster(kafka, cfg: Config, tmp
         result = subprocess.run(
             [str(BIN / "spark-submit"), "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.executor.memory=768m",
              str(REPO / "pipeline" / "cli.py"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
+            check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
             env={**env, "FAULTWATCH_SPARK_MASTER": f"spark://127.0.0.1:{port}"},
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
