@@ -14,9 +14,10 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -147,23 +148,54 @@ class SparkConfig:
 class FaultsConfig:
     # RocketMQ's own default for sendLatencyFaultEnable is false; used when an event does not say.
     default_send_latency_fault_enable: bool = False
+    # ServiceDetector on (5.x): a RemotingException then marks the broker unreachable.
     detector_enabled: bool = False
+    # A producer's state for a broker is dropped this long after its last send or window end.
     producer_idle_expiry_s: float = 900.0
-    # Broker fault episodes: a quorum of recently active producers avoiding the broker ...
+    # Broker fault episodes are evaluated on an event-time grid once the watermark has passed it.
+    evaluation_interval_s: float = 5.0
+    # Opened by a quorum of recently active producers avoiding the broker ...
     active_producer_window_s: float = 60.0
     quorum_share: float = 0.5
     quorum_min_producers: int = 3
-    # ... or an outlier against its peers (failure rate and p99 latency over the same minute).
+    # Producers running without fault tolerance count with the window their rules would give them.
+    quorum_counts_shadow_windows: bool = True
+    # ... or by an outlier against its peers (failure rate, p99 latency over a trailing window).
+    outlier_window_s: float = 60.0
     outlier_failure_rate: float = 0.5
     outlier_min_sends: int = 20
+    outlier_min_peers: int = 2
     outlier_latency_factor: float = 5.0
     outlier_min_latency_ms: int = 550
+    # An episode closes once neither condition has held for this long.
     episode_close_after_s: float = 30.0
     max_producers_per_broker: int = 10_000
+    # Events stamped further ahead of the batch time move no watermark and are quarantined.
+    max_future_skew_s: float = 300.0
 
     def validate(self) -> None:
-        _positive(self, "producer_idle_expiry_s", "active_producer_window_s", "quorum_min_producers")
+        _positive(
+            self,
+            "producer_idle_expiry_s",
+            "evaluation_interval_s",
+            "active_producer_window_s",
+            "quorum_min_producers",
+            "outlier_window_s",
+            "outlier_min_sends",
+            "outlier_latency_factor",
+            "max_producers_per_broker",
+            "max_future_skew_s",
+        )
         _share(self, "quorum_share", "outlier_failure_rate")
+        if self.outlier_min_peers < 1:
+            raise ConfigError(f"faults.outlier_min_peers must be >= 1, got {self.outlier_min_peers!r}")
+        if self.episode_close_after_s < 0:
+            raise ConfigError("faults.episode_close_after_s must be >= 0")
+        if (self.evaluation_interval_s * 1000) % 1 or (60_000 % (self.evaluation_interval_s * 1000)):
+            raise ConfigError(
+                "faults.evaluation_interval_s must divide a minute into whole milliseconds, "
+                f"got {self.evaluation_interval_s!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -200,6 +232,9 @@ class LagConfig:
     shards: int = 1
     # A shard without new events is re-evaluated (STOP, expiry) when event time has moved this far.
     idle_evaluation_s: float = 30.0
+    # A queue_lag row per (group, queue) at most this often while nothing changes; a new queue and a
+    # status change always get a row (0 = a row for every batch with a commit).
+    queue_row_interval_s: float = 60.0
     default: LagGroupConfig = field(default_factory=LagGroupConfig)
     groups: Mapping[str, LagGroupConfig] = field(default_factory=dict)
 
@@ -214,6 +249,8 @@ class LagConfig:
             )
         if self.index_points < 8:
             raise ConfigError(f"lag.index_points must be >= 8, got {self.index_points}")
+        if self.queue_row_interval_s < 0:
+            raise ConfigError(f"lag.queue_row_interval_s must be >= 0, got {self.queue_row_interval_s}")
         for name in ("caught_up_grace_ms", "rebalance_grace_ms", "max_future_skew_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"lag.{name} must be >= 0, got {getattr(self, name)}")
@@ -236,9 +273,10 @@ class PolicyConfig:
     # Never avoid more than this share of a cluster's brokers (those seen within broker_seen_s).
     max_avoid_share: float = 0.5
     broker_seen_s: float = 900.0
-    # Minimum time a published avoidance holds; keep it above publish.interval_s so an open
-    # episode's avoidance never lapses between two cycles.
-    hysteresis_s: float = 120.0
+    # Minimum time a published avoidance holds. Above publish.interval_s, so an open episode's
+    # avoidance never lapses between two cycles; below 2 x interval minus the pipeline's lag, so a
+    # released broker that is still bad fails a few probes and is caught by the very next cycle.
+    hysteresis_s: float = 100.0
     # Producers drop a list this long after it was decided, so a dead publisher frees every broker.
     expiry_s: float = 180.0
     # The publisher refuses to publish when the newest input is older than this.
@@ -301,7 +339,7 @@ class Config:
     publish: PublishConfig = field(default_factory=PublishConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
-    def replace(self, **sections: Any) -> "Config":
+    def replace(self, **sections: Any) -> Config:
         """A copy with whole sections or ``section__key`` values replaced (tests, demo)."""
         out = self
         for name, value in sections.items():
