@@ -54,7 +54,7 @@ fi
 # 4. The project's virtual environment
 case "$target" in
   demo) extras="" ;;
-  test) extras="[dev,gx,airflow]" ;;
+  test) extras="[dev,airflow]" ;;
   *) die "unknown target '$target' (demo or test)" ;;
 esac
 stamp="$VENV/.installed-${target}"

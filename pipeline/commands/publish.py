@@ -1,0 +1,71 @@
+"""``faultwatch publish``: one avoidance cycle (load → recommend → validate → publish)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING
+
+from pipeline.commands.common import add_config_arg, config_from_args
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.publish import CycleReport
+
+log = logging.getLogger("faultwatch.publish")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "publish",
+        help="run one avoidance publisher cycle",
+        description=(
+            "Read the silver Delta tables, decide which brokers producers should avoid, validate the list "
+            "with Great Expectations, and publish it (Kafka topic, one JSON file per cluster, Delta history). "
+            "Re-running a cycle publishes nothing twice. Exit code 0: published (or already done); "
+            "3: validation failed, nothing published, an alert was sent."
+        ),
+    )
+    add_config_arg(p)
+    p.add_argument(
+        "--cycle-id",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cycle number (default: floor(now / publish.interval_s)); a cycle already done is skipped",
+    )
+    p.add_argument(
+        "--every",
+        action="store_true",
+        help="keep running one cycle per publish.interval_s until interrupted (without Airflow)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _print_report(report: CycleReport) -> None:
+    line = f"cycle {report.cycle_id}: {report.status}"
+    if report.decision is not None:
+        avoided = [f"{r.cluster}/{r.broker_name}" for r in report.decision.recommendations() if r.action == "avoid"]
+        line += f"; avoid {', '.join(avoided) if avoided else 'nothing'}"
+    if report.gate is not None and not report.gate.success:
+        line += f"; {report.gate.summary()}"
+    line += f"; lag alerts sent: {report.lag_alerts}"
+    print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from pipeline.publish import run_cycle
+
+    cfg = config_from_args(args)
+    if not args.every:
+        report = run_cycle(cfg, cycle_number=args.cycle_id)
+        _print_report(report)
+        return 3 if report.status == "rejected" else 0
+    interval = cfg.publish.interval_s
+    while True:
+        try:
+            _print_report(run_cycle(cfg))
+        except Exception:  # one bad cycle must not stop the loop; the next one retries
+            log.exception("publisher cycle failed")
+        time.sleep(interval - (time.time() % interval))

@@ -1,0 +1,38 @@
+"""The avoidance publisher: one cycle = load (deltalake) → recommend (policy) → validate (GX) → publish.
+
+Publishes each cluster's full list to Kafka (``rmq.avoidance``, key = cluster) and to a JSON file,
+records it in ``avoidance_recommendations`` and the cycle in ``publisher_cycles``, and forwards
+lag alerts from ``group_status`` to ``rmq.alerts``. Entry points: :func:`run_cycle` (CLI) and the
+step functions the Airflow DAG calls one per task.
+"""
+
+from pipeline.publish.cycle import (
+    CycleInput,
+    CycleReport,
+    already_done,
+    cycle_number_for,
+    load_inputs,
+    publish,
+    recommend,
+    reject,
+    run_cycle,
+    send_lag_alerts,
+    validate,
+)
+from pipeline.publish.gate import GateResult, run_gate
+
+__all__ = [
+    "CycleInput",
+    "CycleReport",
+    "GateResult",
+    "already_done",
+    "cycle_number_for",
+    "load_inputs",
+    "publish",
+    "recommend",
+    "reject",
+    "run_cycle",
+    "run_gate",
+    "send_lag_alerts",
+    "validate",
+]

@@ -1,0 +1,228 @@
+"""One publisher cycle: load → recommend → validate → publish (or reject), plus lag alerts.
+
+The steps are separate functions so the Airflow DAG runs each as a task and ``faultwatch publish``
+runs them in a row (:func:`run_cycle`). Values between steps are JSON-able (XCom). A cycle is
+numbered ``floor(time / publish.interval_s)``; that number is the Delta transaction version of the
+cycle's appends, so re-running a cycle appends, publishes and alerts nothing twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.compute as pc
+
+from pipeline.config import Config
+from pipeline.deltaio import read_table
+from pipeline.policy import (
+    AVOID,
+    Decision,
+    PreviousState,
+    Snapshot,
+    decide,
+    previous_from_jsonable,
+    snapshot_from_jsonable,
+    to_jsonable,
+)
+from pipeline.policy.inputs import build_snapshot, previous_state
+from pipeline.publish import alerts, sinks, wire
+from pipeline.publish.gate import GateResult, run_gate
+
+log = logging.getLogger(__name__)
+
+AVOIDANCE_STEP = "avoidance"
+LAG_STEP = "lag_alerts"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def cycle_number_for(t_ms: int, interval_s: float) -> int:
+    return int(t_ms // round(interval_s * 1000))
+
+
+def lag_app_id(cfg: Config) -> str:
+    return f"{cfg.publish.app_id}-lag-alerts"
+
+
+@dataclass(frozen=True)
+class CycleInput:
+    cycle_number: int
+    now_ms: int
+    snapshot: Snapshot
+    previous: PreviousState
+
+    @property
+    def cycle_id(self) -> str:
+        return str(self.cycle_number)
+
+    def to_jsonable(self) -> dict[str, Any]:
+        return {
+            "cycle_number": self.cycle_number,
+            "now_ms": self.now_ms,
+            "snapshot": to_jsonable(self.snapshot),
+            "previous": to_jsonable(self.previous),
+        }
+
+    @classmethod
+    def from_jsonable(cls, d: dict[str, Any]) -> CycleInput:
+        return cls(d["cycle_number"], d["now_ms"], snapshot_from_jsonable(d["snapshot"]),
+                   previous_from_jsonable(d["previous"]))
+
+
+def _date(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d")
+
+
+def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> CycleInput:
+    """Read the current views the policy needs (bounded by time where the tables allow it)."""
+    now = now_ms() if at_ms is None else at_ms
+    root, pol = cfg.storage.root, cfg.policy
+    seen_from = now - int(pol.broker_seen_s * 1000)
+    window_from = now - int(pol.repeat_period_s * 1000)
+    # Episodes are few and must be read whole: a filter on one revision would hide a later one.
+    episodes = read_table(root, "broker_fault_episodes")
+    health = read_table(
+        root, "broker_health",
+        filter=(pc.field("event_date") >= _date(seen_from)) & (pc.field("minute_ms") >= seen_from),
+    )
+    windows = read_table(
+        root, "producer_fault_windows",
+        filter=(pc.field("event_date") >= _date(window_from)) & (pc.field("start_ms") >= window_from),
+    )
+    previous = previous_state(read_table(root, "avoidance_recommendations"), read_table(root, "publisher_cycles"))
+    return CycleInput(cycle_number, now, build_snapshot(episodes, health, windows, now), previous)
+
+
+def recommend(inp: CycleInput, cfg: Config) -> Decision:
+    return decide(inp.snapshot, inp.previous, inp.now_ms, cfg.policy)
+
+
+def validate(inp: CycleInput, decision: Decision, cfg: Config) -> GateResult:
+    return run_gate(inp.snapshot, decision, cfg.policy)
+
+
+def already_done(cfg: Config, cycle_number: int, step: str = AVOIDANCE_STEP) -> bool:
+    """True when this cycle (or a later one) already committed ``step``: a re-run does nothing."""
+    app_id = cfg.publish.app_id if step == AVOIDANCE_STEP else lag_app_id(cfg)
+    version = sinks.committed_version(cfg.storage.root, "publisher_cycles", app_id)
+    return version is not None and version >= cycle_number
+
+
+def _cycle_row(
+    cfg: Config, inp: CycleInput, decision: Decision | None, step: str, status: str, **kw: Any
+) -> dict[str, Any]:
+    recs = decision.recommendations() if decision is not None else []
+    row = {
+        "cycle_id": inp.cycle_id, "cycle_number": inp.cycle_number, "step": step, "status": status,
+        "decided_ms": inp.now_ms, "input_freshest_ms": inp.snapshot.freshest_ms,
+        "clusters": len(decision.clusters) if decision is not None else 0,
+        "avoided": sum(r.action == AVOID for r in recs), "kept_available": sum(r.action != AVOID for r in recs),
+        "failed_checks": [], "alerts": 0, "alerts_until_ms": None, "policy_version": cfg.policy.version,
+    }
+    row.update(kw)
+    return row
+
+
+def history_rows(decision: Decision, cycle_id: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "cycle_id": cycle_id, "cluster": r.cluster, "broker_name": r.broker_name, "action": r.action,
+            "avoid_until_ms": r.avoid_until_ms, "expires_ms": r.expires_ms, "reason": r.reason,
+            "episode_id": r.episode_id, "producers_avoiding": r.evidence.producers_avoiding,
+            "failure_rate": r.evidence.failure_rate, "p99_latency_ms": r.evidence.p99_latency_ms,
+            "multiplier": r.multiplier, "policy_version": r.policy_version, "decided_ms": r.decided_ms,
+        }
+        for r in decision.recommendations()
+    ]
+
+
+def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
+    """Kafka, then files, then Delta (the cycles row last: it marks the cycle done)."""
+    if not gate.success:
+        raise ValueError(f"cycle {inp.cycle_id}: refusing to publish a decision that failed validation")
+    if already_done(cfg, inp.cycle_number):
+        log.info("cycle %s already published (or superseded): nothing to do", inp.cycle_id)
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0}
+    msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(decision, inp.cycle_id)]
+    sinks.send_records(cfg, cfg.topics.avoidance, msgs)
+    if cfg.publish.write_files:
+        sinks.write_cluster_files(cfg.storage.publish_dir, msgs)
+    root, app_id = cfg.storage.root, cfg.publish.app_id
+    rows = history_rows(decision, inp.cycle_id)
+    if rows:
+        sinks.append_once(root, "avoidance_recommendations", rows, app_id, inp.cycle_number)
+    sinks.append_once(
+        root, "publisher_cycles", [_cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
+    )
+    log.info("cycle %s published %d cluster list(s), %d avoided", inp.cycle_id, len(msgs),
+             sum(len(c.avoided()) for c in decision.clusters))
+    return {"cycle_id": inp.cycle_id, "status": "published", "clusters": len(msgs)}
+
+
+def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
+    """Publish nothing, alert, and record the refusal; the last good list keeps its own expiry."""
+    if already_done(cfg, inp.cycle_number):
+        return {"cycle_id": inp.cycle_id, "status": "skipped"}
+    key, alert = alerts.gate_alert(
+        inp.cycle_id, inp.now_ms, gate.failed, [c.cluster for c in decision.clusters], inp.previous.cycle_id
+    )
+    sinks.send_records(cfg, cfg.topics.alerts, [(key, alerts.encode_alert(alert))])
+    row = _cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "rejected", failed_checks=list(gate.failed), alerts=1)
+    sinks.append_once(cfg.storage.root, "publisher_cycles", [row], cfg.publish.app_id, inp.cycle_number)
+    log.warning("cycle %s rejected by the gate: %s", inp.cycle_id, gate.summary())
+    return {"cycle_id": inp.cycle_id, "status": "rejected", "failed_checks": list(gate.failed)}
+
+
+def _alert_watermark(cfg: Config, now: int) -> int:
+    cycles = read_table(cfg.storage.root, "publisher_cycles", filter=pc.field("step") == LAG_STEP)
+    marks = [m for m in cycles.column("alerts_until_ms").to_pylist() if m is not None]
+    return max(marks) if marks else now - int(cfg.publish.alert_lookback_s * 1000)
+
+
+def send_lag_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
+    """Alert on ``group_status`` rows flagged ``alert`` since the previous cycle's watermark."""
+    if not cfg.publish.publish_alerts or already_done(cfg, inp.cycle_number, LAG_STEP):
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0}
+    since = _alert_watermark(cfg, inp.now_ms)
+    rows = read_table(
+        cfg.storage.root, "group_status",
+        filter=(pc.field("event_date") >= _date(since)) & (pc.field("ts_ms") > since)
+        & (pc.field("ts_ms") <= inp.now_ms) & pc.field("alert"),
+    ).to_pylist()
+    rows.sort(key=lambda r: (r["ts_ms"], r["cluster"], r["consumer_group"]))
+    records = [(k, alerts.encode_alert(a)) for k, a in (alerts.lag_alert(r, inp.cycle_id) for r in rows)]
+    sinks.send_records(cfg, cfg.topics.alerts, records)
+    until = max([r["ts_ms"] for r in rows], default=since)
+    row = _cycle_row(cfg, inp, None, LAG_STEP, "sent", alerts=len(records), alerts_until_ms=until)
+    sinks.append_once(cfg.storage.root, "publisher_cycles", [row], lag_app_id(cfg), inp.cycle_number)
+    return {"cycle_id": inp.cycle_id, "status": "sent", "alerts": len(records)}
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    cycle_id: str
+    status: str  # published | rejected | skipped
+    gate: GateResult | None
+    decision: Decision | None
+    lag_alerts: int
+
+
+def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = None) -> CycleReport:
+    """``faultwatch publish``: the whole cycle in this process."""
+    now = now_ms() if at_ms is None else at_ms
+    number = cycle_number_for(now, cfg.publish.interval_s) if cycle_number is None else cycle_number
+    inp = load_inputs(cfg, number, now)
+    lag = send_lag_alerts(cfg, inp)["alerts"]
+    if already_done(cfg, number):
+        return CycleReport(inp.cycle_id, "skipped", None, None, lag)
+    decision = recommend(inp, cfg)
+    gate = validate(inp, decision, cfg)
+    result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
+    return CycleReport(inp.cycle_id, result["status"], gate, decision, lag)
+

@@ -1,0 +1,88 @@
+"""Input tables for the DAG tests: a four-broker cluster with one open episode (b2)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from schemas.tables import table
+
+S = 1000
+
+
+def write(root: str, name: str, rows: list[dict[str, Any]]) -> None:
+    spec = table(name)
+    data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
+    write_deltalake(f"{root}/{name}", data, mode="append", partition_by=list(spec.partition_by) or None)
+
+
+def day(ms: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(ms / 1000))
+
+
+def health(broker: str, now: int, failure_rate: float = 0.0) -> dict[str, Any]:
+    return {
+        "cluster": "c1", "broker_name": broker, "minute_ms": now - 60 * S, "sends": 120, "failures": 0,
+        "failures_by_error": [], "failure_rate": failure_rate, "latency_p50_ms": 3.0, "latency_p95_ms": 8.0,
+        "latency_p99_ms": 12.0, "latency_max_ms": 40, "active_producers": 6, "producers_avoiding": 0,
+        "event_date": day(now - 60 * S),
+    }
+
+
+def episode(broker: str, now: int) -> dict[str, Any]:
+    opened = now - 90 * S
+    return {
+        "episode_id": f"c1|{broker}|{opened}", "cluster": "c1", "broker_name": broker, "opened_ms": opened,
+        "closed_ms": None, "state": "open", "reason": "quorum", "peak_avoiding_share": 0.8,
+        "peak_avoiding_producers": 5, "active_producers": 6, "sends": 300, "failures": 150,
+        "p99_latency_ms": 3000.0, "dominant_error": "RemotingTimeoutException", "revision": 0,
+        "updated_ms": now - 5 * S,
+    }
+
+
+def write_inputs(root: str, now: int, bad_rate_broker: str | None = None) -> None:
+    """Fresh inputs; ``bad_rate_broker`` gets an impossible failure rate (the gate must refuse)."""
+    write(root, "broker_health", [
+        health(b, now, failure_rate=1.7 if b == bad_rate_broker else 0.0) for b in ("b1", "b2", "b3", "b4")
+    ])
+    write(root, "broker_fault_episodes", [episode("b2", now)])
+
+
+def write_config(path: str, cfg: Any) -> str:
+    """A TOML file with ``cfg``'s Kafka address, topics and storage (defaults for the rest)."""
+    topics = ("send_results", "consumer_progress", "group_membership", "avoidance", "alerts")
+    lines = [
+        "[kafka]", f'bootstrap_servers = "{cfg.kafka.bootstrap_servers}"',
+        "[topics]", *[f'{k} = "{getattr(cfg.topics, k)}"' for k in topics],
+        "[storage]", *[f'{k} = "{getattr(cfg.storage, k)}"' for k in ("root", "checkpoint_root", "publish_dir")],
+    ]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of ``topic`` up to each partition's high watermark (from fetch responses)."""
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(parts)
+        consumer.seek_to_beginning()
+        out: list[tuple[str, dict[str, Any]]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for recs in consumer.poll(timeout_ms=200).values():
+                out += [(r.key.decode(), json.loads(r.value)) for r in recs]
+            marks = [consumer.highwater(tp) for tp in parts]
+            if all(m is not None and consumer.position(tp) >= m for tp, m in zip(parts, marks)):
+                return out
+        raise AssertionError(f"could not read {topic} to its end")
+    finally:
+        consumer.close()

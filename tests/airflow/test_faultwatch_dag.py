@@ -1,0 +1,157 @@
+"""The Airflow DAG: parses cleanly and lightly, and a whole ``dag.test()`` run publishes the policy's
+decision from real Delta tables to the real local broker (or, on invalid input, publishes nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = REPO / "airflow" / "dags"
+# Airflow reads its configuration when first imported: point it at a private home first.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="faultwatch-airflow-"))
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+
+from conftest import unique_topics
+from dag_inputs import read_topic, write_config, write_inputs
+
+pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
+DAG_ID = "faultwatch_avoidance"
+HEAVY = ("pyspark", "kafka", "deltalake", "great_expectations", "pipeline.publish", "pipeline.policy")
+
+
+@pytest.fixture(scope="module")
+def dagbag():  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils import db
+
+    db.resetdb()
+    return DagBag(dag_folder=str(DAGS))  # examples are off through AIRFLOW__CORE__LOAD_EXAMPLES
+
+
+def test_import_airflow_is_the_real_package_not_the_project_folder() -> None:
+    import airflow
+
+    assert not (REPO / "airflow" / "__init__.py").exists()
+    assert Path(airflow.__file__).resolve().parent != (REPO / "airflow").resolve()
+    assert "site-packages" in airflow.__file__
+
+
+def test_dag_parses_without_errors(dagbag) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.import_errors == {}
+    dag = dagbag.get_dag(DAG_ID)
+    assert sorted(dagbag.dag_ids) == [DAG_ID]
+    assert (dag.catchup, dag.max_active_runs, dag.schedule) == (False, 1, "* * * * *")
+    assert {t: sorted(dag.get_task(t).downstream_task_ids) for t in dag.task_ids} == {
+        "load": ["lag_alerts", "publish", "recommend", "validate"],
+        "recommend": ["publish", "validate"],
+        "validate": ["publish"],
+        "publish": [],
+        "lag_alerts": [],
+    }
+    load = dag.get_task("load")
+    assert (load.retries, load.retry_exponential_backoff) == (2, True)
+    assert dag.params["config"] == str(REPO / "conf" / "faultwatch.toml")
+
+
+def test_parsing_imports_nothing_heavy() -> None:
+    """Parsing makes no connection and loads no Kafka, Delta, GX, Spark or pipeline code."""
+    code = (
+        "import sys, runpy\n"
+        f"runpy.run_path({str(DAGS / 'faultwatch_avoidance.py')!r})\n"
+        f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m in {HEAVY!r}]\n"
+        "print(heavy)\n"
+        "sys.exit(1 if heavy else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _setup(tmp_path: Path, kafka, tag: str, bad: bool):  # type: ignore[no-untyped-def]
+    from pipeline.config import Config
+
+    cfg = Config().replace(
+        storage__root=str(tmp_path / "tables"), storage__publish_dir=str(tmp_path / "avoidance"),
+        storage__checkpoint_root=str(tmp_path / "ckpt"),
+    )
+    cfg = unique_topics(cfg, kafka, tag)
+    path = write_config(str(tmp_path / "faultwatch.toml"), cfg)
+    now = int(time.time() * 1000)
+    write_inputs(cfg.storage.root, now, bad_rate_broker="b3" if bad else None)
+    return cfg, path, now
+
+
+def _states(dr) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
+
+
+def test_dag_run_publishes_what_the_policy_decided(dagbag, tmp_path: Path, kafka) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.config import load_config
+    from pipeline.deltaio import read_table
+    from pipeline.policy import PreviousState, decide
+    from pipeline.publish import load_inputs
+    from pipeline.publish.cycle import history_rows
+    from pipeline.publish.wire import encode, messages
+
+    cfg, path, now = _setup(tmp_path, kafka, "dagok", bad=False)
+    assert load_config(path) == cfg
+    cycle = now // 60_000
+    dr = dagbag.get_dag(DAG_ID).test(run_conf={"config": path, "cycle": cycle})
+    assert str(dr.state) == "success", _states(dr)
+
+    published = read_topic(kafka.bootstrap, cfg.topics.avoidance)
+    [(key, message)] = published
+    # What the policy decides from the same tables at the time the DAG decided (first cycle: no
+    # previous list).
+    history = read_table(cfg.storage.root, "avoidance_recommendations").to_pylist()
+    decided = message["decided_ms"]
+    inp = load_inputs(cfg, cycle, decided)
+    expected = decide(inp.snapshot, PreviousState(), decided, cfg.policy)
+
+    assert (key, message) == ("c1", json.loads(encode(messages(expected, str(cycle))[0][1])))
+    assert [(e["broker_name"], e["avoid_until_ms"] - decided) for e in message["avoid"]] == [("b2", 100_000)]
+    assert history == history_rows(expected, str(cycle))
+    assert _states(dr) == dict.fromkeys(["load", "recommend", "validate", "publish", "lag_alerts"], "success")
+
+
+def test_dag_run_on_invalid_input_fails_and_publishes_nothing_new(dagbag, tmp_path: Path, kafka) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.deltaio import read_table
+    from pipeline.publish import run_cycle
+
+    cfg, path, now = _setup(tmp_path, kafka, "dagbad", bad=False)
+    cycle = now // 60_000
+    assert run_cycle(cfg, cycle_number=cycle, at_ms=now).status == "published"  # the last good list
+    file = Path(cfg.storage.publish_dir) / "c1.json"
+    good = file.read_bytes()
+    write_inputs(cfg.storage.root, now + 1000, bad_rate_broker="b3")  # an impossible failure rate arrives
+
+    dr = dagbag.get_dag(DAG_ID).test(run_conf={"config": path, "cycle": cycle + 1})
+
+    assert str(dr.state) == "failed"
+    states = _states(dr)
+    assert (states["validate"], states["publish"]) == ("failed", "upstream_failed")
+    assert [m["cycle_id"] for _, m in read_topic(kafka.bootstrap, cfg.topics.avoidance)] == [str(cycle)]
+    assert file.read_bytes() == good
+    [(_, alert)] = read_topic(kafka.bootstrap, cfg.topics.alerts)
+    assert (alert["kind"], alert["cycle_id"], alert["details"]["failed_checks"]) == (
+        "avoidance_validation_failed",
+        str(cycle + 1),
+        ["avoidance_health:expect_column_values_to_be_between(failure_rate) (1 unexpected)"],
+    )
+    cycles = read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status"])
+    assert sorted(r["cycle_number"] - cycle for r in cycles.to_pylist() if r["status"] == "rejected") == [1]
+    history = read_table(cfg.storage.root, "avoidance_recommendations", columns=["cycle_id"])
+    assert set(history.column("cycle_id").to_pylist()) == {str(cycle)}

@@ -1,0 +1,221 @@
+"""The publisher end to end: real Delta tables in, the real local Kafka broker and files out."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from conftest import unique_topics
+from deltalake import DeltaTable, write_deltalake
+
+from pipeline.config import Config
+from pipeline.deltaio import latest_revision, read_table
+from pipeline.policy import PreviousState, decide
+from pipeline.producer import AvoidanceFeed
+from pipeline.publish import load_inputs, run_cycle
+from pipeline.publish.cycle import history_rows
+from pipeline.publish.sinks import safe_file_name
+from pipeline.publish.wire import encode, messages
+from schemas.tables import table
+
+pytestmark = pytest.mark.kafka
+S = 1000
+
+
+def write(root: str, name: str, rows: list[dict[str, Any]]) -> None:
+    spec = table(name)
+    data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
+    write_deltalake(f"{root}/{name}", data, mode="append", partition_by=list(spec.partition_by) or None)
+
+
+def day(ms: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(ms / 1000))
+
+
+def health_row(broker: str, now: int, **kw: Any) -> dict[str, Any]:
+    row = {
+        "cluster": "c1", "broker_name": broker, "minute_ms": now - 60 * S, "sends": 120, "failures": 0,
+        "failures_by_error": [], "failure_rate": 0.0, "latency_p50_ms": 3.0, "latency_p95_ms": 8.0,
+        "latency_p99_ms": 12.0, "latency_max_ms": 40, "active_producers": 6, "producers_avoiding": 0,
+        "event_date": day(now - 60 * S),
+    }
+    row.update(kw)
+    return row
+
+
+def episode_row(broker: str, opened: int, revision: int, now: int, closed: int | None = None) -> dict[str, Any]:
+    return {
+        "episode_id": f"c1|{broker}|{opened}", "cluster": "c1", "broker_name": broker, "opened_ms": opened,
+        "closed_ms": closed, "state": "open" if closed is None else "closed", "reason": "quorum",
+        "peak_avoiding_share": 0.8, "peak_avoiding_producers": 5, "active_producers": 6, "sends": 300,
+        "failures": 150, "p99_latency_ms": 3000.0, "dominant_error": "RemotingTimeoutException",
+        "revision": revision, "updated_ms": closed or now - 5 * S,
+    }
+
+
+def window_row(client: str, broker: str, now: int, revision: int = 0) -> dict[str, Any]:
+    start = now - 20 * S
+    return {
+        "window_id": f"c1|pg|{client}|{broker}|{start}", "cluster": "c1", "producer_group": "pg",
+        "client_id": client, "client_version": "5.3.3", "generation": "5", "broker_name": broker,
+        "start_ms": start, "end_ms": now + 10 * S, "state": "open", "trigger_event_id": f"e-{client}",
+        "trigger_status": "FAILED", "trigger_latency_ms": 3000, "trigger_error": "RemotingTimeoutException",
+        "trigger_isolation": True, "updates": 1, "fault_enable": True, "revision": revision,
+        "updated_ms": now - 20 * S, "event_date": day(start),
+    }
+
+
+def lag_row(now: int) -> dict[str, Any]:
+    return {
+        "cluster": "c1", "consumer_group": "GID_orders", "ts_ms": now - 30 * S, "status": "STALL",
+        "previous_status": "OK", "total_lag": 5000, "max_time_lag_ms": 400_000, "retry_lag": 0, "dlq_lag": 0,
+        "worst_topic": "orders", "worst_broker": "b2", "worst_queue_id": 1, "worst_owner": "cid-1", "queues": 8,
+        "mismatched_queues": 0, "idle_consumers": [], "alert": True, "alert_reason": "offsets did not move", "event_date": day(now),
+    }
+
+
+def write_inputs(root: str, now: int) -> None:
+    write(root, "broker_health", [health_row(b, now) for b in ("b1", "b2", "b3", "b4")])
+    # b2: opened, revised (still open); b4: an old episode closed long ago (revision 1 replaces 0).
+    old = now - 3 * 3600 * S
+    write(root, "broker_fault_episodes", [
+        episode_row("b2", now - 90 * S, 0, now), episode_row("b2", now - 90 * S, 1, now),
+        episode_row("b4", old, 0, now), episode_row("b4", old, 1, now, closed=old + 60 * S),
+    ])
+    write(root, "producer_fault_windows", [window_row(c, "b2", now) for c in ("p1", "p2", "p3")])
+    write(root, "group_status", [lag_row(now)])
+
+
+def read_topic(cfg: Config, topic: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of ``topic`` in offset order per partition, up to each partition's high watermark.
+
+    The watermark comes from fetch responses (Tansu's offset lookups are wrong, ENVIRONMENT.md).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers, group_id=None, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(parts)
+        consumer.seek_to_beginning()
+        out: list[tuple[str, dict[str, Any]]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for recs in consumer.poll(timeout_ms=200).values():
+                out += [(r.key.decode(), json.loads(r.value)) for r in recs]
+            marks = [consumer.highwater(tp) for tp in parts]
+            if all(m is not None and consumer.position(tp) >= m for tp, m in zip(parts, marks)):
+                return out
+        raise AssertionError(f"could not read {topic} to its end")
+    finally:
+        consumer.close()
+
+
+def table_version(root: str, name: str) -> int | None:
+    path = Path(root) / name
+    return DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else None
+
+
+@pytest.fixture
+def pcfg(cfg: Config, kafka, request) -> Config:  # type: ignore[no-untyped-def]
+    return unique_topics(cfg, kafka, f"pub{abs(hash(request.node.name)) % 10**8}")
+
+
+def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
+    now = int(time.time() * 1000)
+    root = pcfg.storage.root
+    write_inputs(root, now)
+    cycle = now // 60_000
+
+    report = run_cycle(pcfg, cycle_number=cycle, at_ms=now)
+
+    # The policy's own verdict, from the same inputs: b2 (open episode, 3 producers avoiding).
+    expected = decide(load_inputs(pcfg, cycle, now).snapshot, PreviousState(), now, pcfg.policy)
+    assert report.status == "published" and report.decision == expected
+    [c1] = expected.clusters
+    assert [(r.broker_name, r.action, r.avoid_until_ms - now, r.evidence.producers_avoiding)
+            for r in c1.recommendations] == [("b2", "avoid", 100 * S, 3)]
+    want = [(k, json.loads(encode(m))) for k, m in messages(expected, str(cycle))]
+    assert read_topic(pcfg, pcfg.topics.avoidance) == want
+    file = Path(pcfg.storage.publish_dir) / safe_file_name("c1")
+    assert json.loads(file.read_bytes()) == want[0][1]
+    assert read_table(root, "avoidance_recommendations").to_pylist() == history_rows(expected, str(cycle))
+    cycles = read_table(root, "publisher_cycles", columns=["cycle_number", "step", "status", "avoided", "alerts"])
+    assert sorted(cycles.to_pylist(), key=lambda r: r["step"]) == [
+        {"cycle_number": cycle, "step": "avoidance", "status": "published", "avoided": 1, "alerts": 0},
+        {"cycle_number": cycle, "step": "lag_alerts", "status": "sent", "avoided": 0, "alerts": 1},
+    ]
+    [(key, alert)] = read_topic(pcfg, pcfg.topics.alerts)
+    assert (key, alert["kind"], alert["details"]["consumer_group"], alert["cycle_id"]) == (
+        "c1", "consumer_lag", "GID_orders", str(cycle))
+
+    # The producer feed sees exactly the published avoidance.
+    feed = AvoidanceFeed.from_config(pcfg)
+    try:
+        while feed.poll(700):
+            pass
+        assert feed.avoided("c1", now) == {"b2": now + 100 * S}
+    finally:
+        feed.close()
+
+    # Re-running the same cycle appends, publishes and alerts nothing.
+    versions = {n: table_version(root, n) for n in ("avoidance_recommendations", "publisher_cycles")}
+    again = run_cycle(pcfg, cycle_number=cycle, at_ms=now + 5 * S)
+    assert again.status == "skipped" and again.lag_alerts == 0
+    assert {n: table_version(root, n) for n in versions} == versions
+    assert len(read_topic(pcfg, pcfg.topics.avoidance)) == 1
+    assert len(read_topic(pcfg, pcfg.topics.alerts)) == 1
+
+    # Next cycle: the episode closed 50 s ago, probation (30 s) is over, but the published
+    # avoidance (until now + 100 s) holds: hysteresis comes from the history table.
+    later = now + 60 * S
+    write(root, "broker_fault_episodes", [episode_row("b2", now - 90 * S, 2, later, closed=later - 50 * S)])
+    write(root, "broker_health", [health_row(b, later, minute_ms=later - 60 * S) for b in ("b1", "b2", "b3", "b4")])
+    nxt = run_cycle(pcfg, cycle_number=cycle + 1, at_ms=later)
+    [rec] = nxt.decision.recommendations()
+    assert (nxt.status, rec.broker_name, rec.reason.split(":")[0], rec.avoid_until_ms) == (
+        "published", "b2", "hysteresis", now + 100 * S)
+    assert [m["cycle_id"] for _, m in read_topic(pcfg, pcfg.topics.avoidance)] == [str(cycle), str(cycle + 1)]
+
+
+def test_invalid_input_publishes_nothing_keeps_the_last_list_and_alerts(pcfg: Config) -> None:
+    now = int(time.time() * 1000)
+    root = pcfg.storage.root
+    write_inputs(root, now)
+    cycle = now // 60_000
+    assert run_cycle(pcfg, cycle_number=cycle, at_ms=now).status == "published"
+    file = Path(pcfg.storage.publish_dir) / safe_file_name("c1")
+    published = file.read_bytes()
+
+    # A broken health row (failure rate above 1) arrives; the next cycle must refuse to publish.
+    later = now + 60 * S
+    write(root, "broker_health", [health_row("b1", later, minute_ms=later - 30 * S, failure_rate=1.7, failures=5)])
+    report = run_cycle(pcfg, cycle_number=cycle + 1, at_ms=later)
+
+    assert report.status == "rejected"
+    assert report.gate is not None and report.gate.failed == (
+        "avoidance_health:expect_column_values_to_be_between(failure_rate) (1 unexpected)",
+    )
+    assert [m["cycle_id"] for _, m in read_topic(pcfg, pcfg.topics.avoidance)] == [str(cycle)]
+    assert file.read_bytes() == published
+    alerts = [a for _, a in read_topic(pcfg, pcfg.topics.alerts) if a["kind"] == "avoidance_validation_failed"]
+    assert [(a["cycle_id"], a["details"]["failed_checks"]) for a in alerts] == [(str(cycle + 1), list(report.gate.failed))]
+    rows = latest_revision(read_table(root, "publisher_cycles"), ["cycle_number", "step"], revision="decided_ms")
+    assert [(r["cycle_number"], r["step"], r["status"]) for r in rows.to_pylist() if r["step"] == "avoidance"] == [
+        (cycle, "avoidance", "published"), (cycle + 1, "avoidance", "rejected")]
+    # The rejected cycle added no history: the last good list is still the one in force.
+    assert {r["cycle_id"] for r in read_table(root, "avoidance_recommendations").to_pylist()} == {str(cycle)}
+
+
+def test_stale_input_is_refused(pcfg: Config) -> None:
+    now = int(time.time() * 1000)
+    write_inputs(pcfg.storage.root, now - 3600 * S)
+    report = run_cycle(pcfg, cycle_number=now // 60_000, at_ms=now)
+    assert report.status == "rejected"
+    assert report.gate is not None
+    assert report.gate.failed == ("avoidance_snapshot:expect_column_values_to_be_between(input_age_ms) (1 unexpected)",)
+    assert read_topic(pcfg, pcfg.topics.avoidance) == []
