@@ -123,12 +123,14 @@ class StreamConfig:
     trigger_interval_s: float = 5.0
     watermark_delay_s: float = 30.0
     max_events_per_batch: int = 200_000
+    # A Kafka partition with more new records than this is read by several Spark tasks.
+    max_events_per_task: int = 50_000
     max_event_bytes: int = 65_536
     # Prefix of query names and Delta transaction app ids: two deployments sharing tables need two.
     app_id: str = "faultwatch"
 
     def validate(self) -> None:
-        _positive(self, "trigger_interval_s", "max_events_per_batch", "max_event_bytes")
+        _positive(self, "trigger_interval_s", "max_events_per_batch", "max_events_per_task", "max_event_bytes")
         if self.watermark_delay_s < 0:
             raise ConfigError("stream.watermark_delay_s must be >= 0")
 

@@ -206,12 +206,17 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._ends or None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """One task per topic-partition, or several over offset sub-ranges when it holds more than
+        ``split_rows`` records: keys (broker names) hash unevenly, and one long task would keep
+        the other cores idle while it runs."""
+        split = int(self.options.get("split_rows", "0"))
         out = []
         for key, stop in sorted(end.items()):
             begin = int(start.get(key, 0))
             if stop > begin:
                 topic, part = _split_key(key)
-                out.append(TopicPartitionRange(topic, part, self.topics[topic], begin, int(stop)))
+                for lo, hi in split_range(begin, int(stop), split):
+                    out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi))
         return out
 
     def commit(self, end: dict) -> None:
@@ -267,6 +272,16 @@ def to_chunks(batch: Any) -> Any:
         {"_table": names, "rows": counts, "arrow": payloads},
         schema=pa.schema([("_table", pa.string()), ("rows", pa.int64()), ("arrow", pa.binary())]),
     )
+
+
+def split_range(begin: int, end: int, max_rows: int) -> list[tuple[int, int]]:
+    """[begin, end) cut into equal pieces of at most ``max_rows`` (0: no cut)."""
+    n = end - begin
+    if max_rows <= 0 or n <= max_rows:
+        return [(begin, end)]
+    pieces = -(-n // max_rows)
+    bounds = [begin + n * i // pieces for i in range(pieces + 1)]
+    return list(zip(bounds, bounds[1:]))
 
 
 def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
@@ -333,6 +348,7 @@ def read_events(
         .option("topics", json.dumps(topics))
         .option("max_rows", str(cfg.stream.max_events_per_batch))
         .option("max_event_bytes", str(cfg.stream.max_event_bytes))
+        .option("split_rows", str(cfg.stream.max_events_per_task))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)

@@ -27,7 +27,9 @@ def run_once(spark, cfg: Config) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_valid_events_land_once_and_bad_ones_in_quarantine(spark, kafka, cfg: Config) -> None:  # type: ignore[no-untyped-def]
-    cfg = unique_topics(cfg, kafka, "bronze20k").replace(stream__max_events_per_batch=6000)
+    cfg = unique_topics(cfg, kafka, "bronze20k").replace(
+        stream__max_events_per_batch=6000, stream__max_events_per_task=700  # split reads too
+    )
     mix = make_mix(20_000)
     assert 150 <= len(mix.bad) <= 250
     produce_mix(kafka.bootstrap, cfg.topics.event_topics(), mix)

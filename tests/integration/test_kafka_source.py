@@ -108,3 +108,30 @@ def test_available_now_stops_at_the_target_seen_at_start(kafka) -> None:  # type
 )
 def test_cap_rows_table(start: dict, end: dict, cap: int, expected: dict) -> None:
     assert _cap_rows(start, end, cap) == expected
+
+
+@pytest.mark.parametrize(
+    "begin, end, cap, expected",
+    [
+        (0, 10, 0, [(0, 10)]),
+        (0, 10, 10, [(0, 10)]),
+        (0, 10, 4, [(0, 3), (3, 6), (6, 10)]),
+        (5, 105, 50, [(5, 55), (55, 105)]),
+    ],
+)
+def test_split_range_table(begin: int, end: int, cap: int, expected: list) -> None:
+    from streaming.kafka_source import split_range
+
+    assert split_range(begin, end, cap) == expected
+
+
+def test_large_partitions_are_read_by_several_tasks(kafka) -> None:  # type: ignore[no-untyped-def]
+    create_topics(kafka.bootstrap, ["src.split"], 2)
+    produce(kafka, "src.split", {0: 250, 1: 40})
+    r = reader(kafka, "src.split", split_rows="100")
+    try:
+        start = r.initialOffset()
+        parts = r.partitions(start, r.latestOffset(start, ReadAllAvailable()))
+        assert [(p.partition, p.start, p.end) for p in parts] == [(0, 0, 83), (0, 83, 166), (0, 166, 250), (1, 0, 40)]
+    finally:
+        r.stop()
