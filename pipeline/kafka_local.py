@@ -39,6 +39,18 @@ def tansu_binary() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the broker's child process (Linux): get SIGTERM when the parent dies, even by SIGKILL,
+    so a crashed test or demo never leaves an orphan broker behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the context managers still stop it on every normal exit
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,6 +126,7 @@ def start_local_kafka(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
     kafka = LocalKafka(port=port, proc=proc, log_path=log_path)
     try:
