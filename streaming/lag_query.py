@@ -13,8 +13,8 @@ Time: the step's clock is the latest event time the shard has seen (it never goe
 that gets no events is re-evaluated (STOP, expiry) by an event-time timeout once the watermark has
 moved ``lag.idle_evaluation_s`` past its clock, and its clock then becomes the watermark plus the
 watermark delay (the query's max event time at the previous batch). Spark drops rows older than the
-watermark before a stateful operator (verified): events more than ``stream.watermark_delay_s`` late
-never reach the lag step; the bronze query keeps them.
+watermark before a stateful operator (verified), so the operator sees a far-future guard column as its
+event time instead: late events reach the step, which quarantines them with reason ``late``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ NAME = "lag"
 KINDS = ("send_result", "consumer_progress", "group_membership")
 LAG_TABLES = ("queue_lag", "group_status", "quarantine")
 EVENT_TIME = "_event_time"
+GUARD = "_late_guard"
+GUARD_TIME = "2100-01-01 00:00:00"  # schemas.fields.MAX_TS_MS: no event can be this late
 SHARD = "_shard"
 _PYSPARK_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
 
@@ -98,7 +100,7 @@ def lag_function(cfg: Config) -> Any:
         # ahead, and the global watermark would make this cluster's consumers look stopped. Only a
         # silent shard (timeout) takes the query's clock: the watermark plus its delay.
         now = watermark + delay_ms if state.hasTimedOut and watermark > 0 else 0
-        current, out = step(current, events, now, lag)
+        current, out = step(current, events, now, lag, watermark_ms=watermark)
         if is_empty(current):
             state.remove()
         else:
@@ -151,7 +153,14 @@ def build_lag_output(events_df: DataFrame, cfg: Config) -> DataFrame:
         .otherwise(F.timestamp_millis(F.col("ts_ms")))
         .alias(EVENT_TIME),
     )
-    events = events.withWatermark(EVENT_TIME, f"{int(cfg.stream.watermark_delay_s * 1000)} milliseconds")
+    delay_ms = int(cfg.stream.watermark_delay_s * 1000)
+    events = events.withWatermark(EVENT_TIME, f"{delay_ms} milliseconds")
+    # Spark drops rows at or behind the watermark before a stateful operator whose input carries the
+    # event-time column. The step must see late events to quarantine them, so the operator gets a
+    # far-future constant tagged as the event-time column instead (the watermark and the event-time
+    # timeout still follow the real event time); see streaming/faults_query.py, which does the same.
+    guard = F.lit(GUARD_TIME).cast("timestamp").alias(GUARD, metadata={"spark.watermarkDelayMs": delay_ms})
+    events = events.select(*[c for c in events.columns if c != EVENT_TIME], guard)
     shards = cfg.lag.shards
     if shards == 1:
         events = events.withColumn(SHARD, F.lit(0))

@@ -65,11 +65,19 @@ def is_empty(state: LagState) -> bool:
     return len(state.queues) == 0 and len(state.pairs) == 0 and len(state.members) == 0
 
 
-def step(state: LagState, events: pd.DataFrame, now_ms: int, cfg: LagConfig) -> tuple[LagState, LagOutput]:
-    """Apply one batch of events (any order) and judge every queue and group at the new clock."""
+def step(
+    state: LagState, events: pd.DataFrame, now_ms: int, cfg: LagConfig, watermark_ms: int = 0
+) -> tuple[LagState, LagOutput]:
+    """Apply one batch of events (any order) and judge every queue and group at the new clock.
+
+    Events at or before ``watermark_ms`` (Spark's event-time watermark, 0 = none yet) are late:
+    they go to quarantine with reason ``late`` rather than being applied or silently dropped.
+    """
     ev = normalize_events(events)
     state = _adopt_cluster(state, ev)
-    ev, rejected = _reject_future(ev, state.clock_ms, now_ms, cfg.max_future_skew_ms)
+    ev, late = _reject_late(ev, watermark_ms)
+    ev, future = _reject_future(ev, state.clock_ms, now_ms, cfg.max_future_skew_ms)
+    rejected = pd.concat([late, future], ignore_index=True) if len(late) and len(future) else (late if len(late) else future)
     clock = max(state.clock_ms, now_ms, int(ev["ts_ms"].max()) if len(ev) else 0)
     previous_groups = state.groups
     state, batch = _ingest(state, ev, clock, cfg)
@@ -158,6 +166,19 @@ def _adopt_cluster(state: LagState, ev: pd.DataFrame) -> LagState:
     return state
 
 
+def _reject_late(ev: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Events at or before the watermark: too late to apply (the same rule as the fault step)."""
+    if watermark_ms <= 0 or ev.empty:
+        return ev, ev.iloc[0:0]
+    late = ev["ts_ms"].to_numpy() <= watermark_ms
+    if not late.any():
+        return ev, ev.iloc[0:0]
+    rejected = ev[late].reset_index(drop=True)
+    rejected["_reason"] = "late"
+    rejected["_detail"] = [f"ts_ms {t} is at or before the watermark {watermark_ms}" for t in rejected["ts_ms"]]
+    return ev[~late].reset_index(drop=True), rejected
+
+
 def _reject_future(
     ev: pd.DataFrame, clock_ms: int, now_ms: int, skew_ms: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -169,7 +190,10 @@ def _reject_future(
     future = ts > ref + skew_ms
     if not future.any():
         return ev, ev.iloc[0:0]
-    return ev[~future].reset_index(drop=True), ev[future].reset_index(drop=True)
+    rejected = ev[future].reset_index(drop=True)
+    rejected["_reason"] = "future_ts"
+    rejected["_detail"] = [f"ts_ms {t} is more than lag.max_future_skew_ms ahead of the lag clock" for t in rejected["ts_ms"]]
+    return ev[~future].reset_index(drop=True), rejected
 
 
 def _dirty_members(state: LagState, changed: np.ndarray, new_qkeys: np.ndarray) -> np.ndarray:
@@ -288,11 +312,8 @@ def _quarantine_rows(rejected: pd.DataFrame) -> pd.DataFrame:
             "raw_key": None,
             "raw_value": raw,
             "event_kind": rejected["kind"].to_numpy(),
-            "reason": "future_ts",
-            "detail": [
-                f"ts_ms {t} is more than lag.max_future_skew_ms ahead of the lag clock"
-                for t in rejected["ts_ms"]
-            ],
+            "reason": rejected["_reason"].to_numpy(),
+            "detail": rejected["_detail"].to_numpy(),
             "stage": "lag",
         }
     )[QUARANTINE.columns]

@@ -158,3 +158,19 @@ def test_silent_cluster_is_judged_by_timeout(spark: Any, cfg: Config, tmp_path: 
         4_000,
         6,
     )
+
+
+def test_late_events_reach_quarantine_through_spark(spark: Any, cfg: Config, tmp_path: Path) -> None:
+    """Spark would drop rows behind the watermark before the stateful operator; the guard column
+    makes them reach the step, which quarantines them as late (stage lag)."""
+    cfg = cfg.replace(stream__watermark_delay_s=10.0)
+    batches = [
+        [progress(T0 + 60_000, 0, 1, broker_offset=3)],  # watermark -> T0+50 s after this batch
+        [progress(T0, 1, 1, broker_offset=3), progress(T0 + 61_000, 0, 2, broker_offset=3)],
+    ]
+    got = run_query(spark, cfg, tmp_path / "in", batches, "lag_late")
+    (late,) = rows_of(got, "quarantine")
+    assert (late["reason"], late["stage"], late["event_kind"], late["source_offset"]) == (
+        "late", "lag", "consumer_progress", 1
+    )
+    assert {r["queue_id"] for r in rows_of(got, "queue_lag")} == {0}

@@ -295,6 +295,17 @@ def test_events_too_far_in_the_future_are_quarantined() -> None:
     )
 
 
+def test_events_at_or_before_the_watermark_are_quarantined_as_late() -> None:
+    state = initial_state("c1", CFG)
+    state, _ = step(state, events_frame([progress(T0, 0, 1, broker_offset=2)]), T0, CFG, watermark_ms=0)
+    batch = events_frame([progress(T0 + 1_000, 0, 1), progress(T0 + 9_000, 1, 3, broker_offset=5)])
+    state, out = step(state, batch, T0 + 9_000, CFG, watermark_ms=T0 + 1_000)
+    (q,) = records(out.quarantine)
+    assert (q["reason"], q["stage"], q["event_kind"]) == ("late", "lag", "consumer_progress")
+    assert "at or before the watermark" in q["detail"]
+    assert set(out.queue_lag["queue_id"]) == {1}  # the on-time event is applied
+
+
 def test_idle_pairs_queues_and_groups_expire() -> None:
     cfg = LagConfig(window_commits=4, min_commits=3, queue_idle_expiry_s=60, queue_row_interval_s=0)
     later = T0 + 61_000
