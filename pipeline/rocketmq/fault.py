@@ -4,7 +4,8 @@ The Java class mutates a ``ConcurrentHashMap`` and reads ``System.currentTimeMil
 state is immutable and time is an argument, so the same function drives the replay oracle, the
 simulator and a Spark stateful processor (STYLE.md §2). ``apply_update`` is what
 ``MQFaultStrategy.updateFaultItem`` does when ``sendLatencyFaultEnable`` is on; callers model "off"
-by not calling it.
+by not calling it. :class:`FaultTable` is its mutable twin for a producer's own send loop, where
+copying the whole table on every attempt was the simulator's largest cost; tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "GEN_49",
     "FaultItem",
     "FaultState",
+    "FaultTable",
     "Generation",
     "apply_update",
     "duration_for",
@@ -151,6 +153,75 @@ def apply_update(
     start = next_start(gen, None if old is None else old.start_timestamp, duration, now_ms)
     item = FaultItem(broker, latency_ms, start, bool(reachable) if gen.name == GEN_5 else True)
     return state.with_item(item), duration
+
+
+class FaultTable:
+    """One producer's fault items, mutable: ``items[broker] = [current_latency, start_timestamp, reachable]``.
+
+    The pure :func:`apply_update` copies the table and builds two frozen objects per send attempt;
+    a producer that owns its table (``ProducerSelector``, the simulator) can instead change one list
+    in place. :meth:`update` must equal :func:`apply_update` item for item (tests replay the Java
+    vectors and random sequences through both), and :meth:`snapshot` returns the equal
+    :class:`FaultState`, cached until the next change, so the public API stays pure. Selection
+    reads ``items`` directly: a broker is available when it has no item or ``now >= item[1]``.
+    """
+
+    __slots__ = ("_floor", "_iso_duration", "_snapshot", "gen", "items", "windows_only_grow")
+
+    def __init__(self, gen: Generation, state: FaultState | None = None) -> None:
+        self.gen = gen
+        self.items: dict[str, list] = {}
+        if state is not None:
+            for name, item in state.items.items():
+                self.items[name] = [item.current_latency, item.start_timestamp, item.reachable]
+        self._snapshot = state
+        self.windows_only_grow = gen.windows_only_grow  # read once per attempt: kept as a plain attribute
+        self._iso_duration = duration_for(gen, 0, True)
+        # Below every latencyMax entry the scan matches nothing: the common, healthy case costs one compare.
+        self._floor = min(gen.latency_max, default=None)
+
+    def update(self, broker: str, latency_ms: int, isolation: bool, reachable: bool, now_ms: int) -> int:
+        """:func:`apply_update` in place; returns the duration it computed."""
+        if isolation:
+            duration = self._iso_duration
+        elif self._floor is None or latency_ms < self._floor:
+            duration = 0
+        else:
+            duration = duration_for(self.gen, latency_ms, False)
+        self._snapshot = None
+        item = self.items.get(broker)
+        if self.windows_only_grow:  # 5.x: the avoid-until time only moves later; a new item starts at 0
+            candidate = now_ms + duration
+            if item is None:
+                self.items[broker] = [latency_ms, candidate if duration > 0 and candidate > 0 else 0, bool(reachable)]
+            else:
+                item[0] = latency_ms
+                if duration > 0 and candidate > item[1]:
+                    item[1] = candidate
+                item[2] = bool(reachable)
+        elif item is None:  # 4.9: always now + duration, and no reachable flag
+            self.items[broker] = [latency_ms, now_ms + duration, True]
+        else:
+            item[0], item[1], item[2] = latency_ms, now_ms + duration, True
+        return duration
+
+    def drop(self, broker: str) -> None:
+        """:meth:`FaultState.without` in place."""
+        if self.items.pop(broker, None) is not None:
+            self._snapshot = None
+
+    def start_of(self, broker: str) -> int | None:
+        """The broker's avoid-until time, or None for a broker never seen."""
+        item = self.items.get(broker)
+        return None if item is None else item[1]
+
+    def snapshot(self) -> FaultState:
+        """The equal immutable state (same items, same order)."""
+        snap = self._snapshot
+        if snap is None:
+            built = {name: FaultItem(name, lat, start, reach) for name, (lat, start, reach) in self.items.items()}
+            snap = self._snapshot = FaultState(MappingProxyType(built))
+        return snap
 
 
 def is_available(gen: Generation, state: FaultState, broker: str, now_ms: int) -> bool:

@@ -17,7 +17,10 @@ import math
 import random
 from dataclasses import dataclass
 
+from pipeline.rocketmq.queues import MessageQueue
 from pipeline.simulate.scenario import FaultSpec, Scenario
+
+_exp = math.exp
 
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -142,3 +145,52 @@ class BrokerModel:
 
     def _timeout_text(self, broker: str, budget_ms: int) -> str:
         return f"RemotingTimeoutException: wait response on the channel <{self.addresses[broker]}> timeout, {budget_ms}(ms)"
+
+
+class ProducerLink:
+    """One producer's side of the brokers: answers each attempt of a message and keeps its clock.
+
+    It is the ``attempt(queue)`` callback of ``pipeline.rocketmq``'s send loop, which starts each
+    attempt when the previous one ended (``end = begin + max(latency, 0)``); the same arithmetic here
+    gives the model each attempt's start time and remaining send timeout. ``stored`` says, per
+    attempt of the current message, whether the broker stored it. The common case, a broker without
+    an active fault, is :meth:`BrokerModel.attempt` inlined (same draws, same answer): it runs once
+    per event the simulator emits.
+    """
+
+    __slots__ = ("_base", "_cache", "_gauss", "_model", "_rng", "clock", "first", "stored", "timeout_ms")
+
+    def __init__(self, model: BrokerModel, rng: random.Random, timeout_ms: int) -> None:
+        self._model = model
+        self._base = model._base
+        self._cache = model._cache
+        self._rng = rng
+        self._gauss = rng.gauss
+        self.timeout_ms = timeout_ms
+        self.clock = 0
+        self.first = 0
+        self.stored: list[bool] = []
+
+    def start(self, now_ms: int) -> None:
+        """A new message: its first attempt begins at ``now_ms``."""
+        self.clock = self.first = now_ms
+        self.stored = []
+
+    def __call__(self, mq: MessageQueue) -> tuple[int, bool, str | None]:
+        begin = self.clock
+        budget = self.timeout_ms - (begin - self.first)
+        broker = mq.broker
+        cached = self._cache.get(broker)
+        if budget > 0 and cached is not None and not cached[2] and cached[0] <= begin < cached[1]:
+            median, sigma = self._base[broker]
+            latency = int(median * _exp(sigma * self._gauss(0.0, 1.0)))
+            if latency < budget:
+                self.clock = begin + latency
+                self.stored.append(True)
+                return latency, True, None
+            latency, ok, error, stored = budget, False, self._model._timeout_text(broker, budget), True
+        else:
+            latency, ok, error, stored = self._model.attempt(broker, begin, budget, self._rng)
+        self.clock = begin + latency  # the model never answers a negative latency
+        self.stored.append(stored)
+        return latency, ok, error

@@ -1,10 +1,11 @@
 """Simulated producer instances: one sync sending thread each, routed by ``pipeline.rocketmq``.
 
 Queue choice, the retry loop, the (isolation, reachable) of each failure and the fault table update
-all come from :mod:`pipeline.rocketmq.selection` (``ProducerSelector``, ``send_with_retries``): the
-simulator only supplies the broker's answer to each attempt. A producer sends its next message when
-the previous one finished and its Poisson arrival time has come, so a producer stuck in timeouts
-sends less, as a real sync producer does.
+all come from :mod:`pipeline.rocketmq` (``ProducerSelector`` and ``send_attempts``, the
+tuple-returning core of ``send_with_retries``): the simulator only supplies the broker's answer to
+each attempt (:class:`~pipeline.simulate.brokers.ProducerLink`). A producer sends its next message
+when the previous one finished and its Poisson arrival time has come, so a producer stuck in
+timeouts sends less, as a real sync producer does.
 
 Events are built as positional rows in :class:`schemas.events.SendResult` field order, plus one
 internal trailing cell (the queue the message was stored in, or None) that the engine pops when it
@@ -22,9 +23,9 @@ from typing import Any
 from pipeline.rocketmq.fault import get_generation
 from pipeline.rocketmq.generation import GEN_5, generation_for_client_version
 from pipeline.rocketmq.outcomes import SUCCESS_STATUSES
-from pipeline.rocketmq.queues import MessageQueue
-from pipeline.rocketmq.selection import ProducerSelector, TopicRoute, send_with_retries
-from pipeline.simulate.brokers import BrokerModel
+from pipeline.rocketmq.selection import ProducerSelector, TopicRoute
+from pipeline.rocketmq.send import send_attempts
+from pipeline.simulate.brokers import BrokerModel, ProducerLink
 from pipeline.simulate.client_state import FaultTrace
 from pipeline.simulate.scenario import ProducerSpec
 
@@ -42,62 +43,22 @@ def stable_seed(*parts: object) -> int:
 
 
 class TracedSelector(ProducerSelector):
-    """``ProducerSelector`` that records the client's avoid-until times as it updates them.
+    """``ProducerSelector`` that records the client's avoid-until times in ``trace`` as they change.
 
     Only fault-tolerant producers use it (without fault tolerance the client keeps no fault state).
+    Tracing goes through ``on_change`` rather than overriding ``select``/``record``, so the send
+    loop keeps its direct path; assigning ``trace`` (as a subclass that swaps selectors does)
+    re-points the hook.
     """
 
-    trace: FaultTrace
+    @property
+    def trace(self) -> FaultTrace:
+        return self._trace
 
-    def record(
-        self, broker: str, latency_ms: int, status: str, error: str | None, now_ms: int
-    ) -> tuple[bool, bool, int | None]:
-        result = super().record(broker, latency_ms, status, error, now_ms)
-        self.trace.note(broker, now_ms, self.state.items[broker].start_timestamp)
-        return result
-
-
-class TracedSelector49(TracedSelector):
-    """4.9 also changes its fault state while selecting: ``pickOneAtLeast`` may drop an item."""
-
-    def select(
-        self, route: TopicRoute, now_ms: int, last_broker: str | None = None, *, thread: int = 0, retry: bool = False
-    ) -> MessageQueue | None:
-        before = self.state
-        mq = super().select(route, now_ms, last_broker, thread=thread, retry=retry)
-        if self.state is not before:  # a dropped item: that broker is available again
-            for broker in set(before.items) - set(self.state.items):
-                self.trace.note(broker, now_ms, now_ms)
-        return mq
-
-
-class _Attempter:
-    """The broker's side of ``send_with_retries``: answers each attempt and keeps the attempt clock.
-
-    ``send_with_retries`` starts each attempt when the previous one ended (``end = begin +
-    max(latency, 0)``); the same arithmetic here gives the model each attempt's start time.
-    """
-
-    __slots__ = ("answer", "clock", "first", "rng", "stored", "timeout_ms")
-
-    def __init__(self, model: BrokerModel, rng: random.Random, timeout_ms: int) -> None:
-        self.answer = model.attempt
-        self.rng = rng
-        self.timeout_ms = timeout_ms
-        self.clock = 0
-        self.first = 0
-        self.stored: list[bool] = []
-
-    def start(self, now_ms: int) -> None:
-        self.clock = self.first = now_ms
-        self.stored = []
-
-    def __call__(self, mq: MessageQueue) -> tuple[int, bool, str | None]:
-        begin = self.clock
-        latency, ok, error, stored = self.answer(mq.broker, begin, self.timeout_ms - (begin - self.first), self.rng)
-        self.clock = begin + latency  # the model never answers a negative latency
-        self.stored.append(stored)
-        return latency, ok, error
+    @trace.setter
+    def trace(self, trace: FaultTrace) -> None:
+        self._trace = trace
+        self.on_change = trace.note
 
 
 class SimProducer:
@@ -121,10 +82,7 @@ class SimProducer:
         self.queue_logs = queue_logs
         self.generation = get_generation(generation_for_client_version(spec.client_version))
         self.rng = random.Random(stable_seed(seed, client_id, "traffic"))
-        if not spec.fault_tolerance:
-            selector_class: type[ProducerSelector] = ProducerSelector
-        else:
-            selector_class = TracedSelector if self.generation.name == GEN_5 else TracedSelector49
+        selector_class = TracedSelector if spec.fault_tolerance else ProducerSelector
         self.selector = selector_class(
             self.generation,
             fault_enabled=spec.fault_tolerance,
@@ -135,7 +93,7 @@ class SimProducer:
         self.trace = FaultTrace()  # stays empty without fault tolerance
         if isinstance(self.selector, TracedSelector):
             self.selector.trace = self.trace
-        self._attempter = _Attempter(model, self.rng, spec.send_timeout_ms)
+        self._link = ProducerLink(model, self.rng, spec.send_timeout_ms)
         self._gap_mean_ms = 1000.0 / spec.rate_per_s
         self.start_ms = epoch_ms + round(spec.start_s * 1000)
         self.stop_ms = None if spec.stop_s is None else epoch_ms + round(spec.stop_s * 1000)
@@ -157,43 +115,49 @@ class SimProducer:
             return
         stop = self.stop_ms
         spec = self.spec
-        selector, route, attempter = self.selector, self.route, self._attempter
+        selector, route, link = self.selector, self.route, self._link
         retries, timeout = spec.retries, spec.send_timeout_ms
         cluster, group, cid, version, topic = self._head
+        id_prefix = cid + "-"
         report_args, fe, logs = spec.report_fault_args, self._fe, self.queue_logs
         report_reachable = report_args and self.generation.name == GEN_5  # 4.9 has no reachable flag
         rnd, gap = self.rng.random, self._gap_mean_ms
         seq = self.seq
+        messages = 0
         while t < end_ms:
             now = int(t)
             if stop is not None and now >= stop:
                 t = float("inf")
                 break
-            attempter.start(now)
-            outcome = send_with_retries(selector, route, attempter, now, retries, timeout_ms=timeout)
-            stored = attempter.stored
-            if outcome.attempts and attempter.clock != outcome.end_ms:
+            link.start(now)
+            _, attempts, end, _ = send_attempts(selector, route, link, now, retries, timeout_ms=timeout)
+            stored = link.stored
+            if attempts and link.clock != end:
                 raise AssertionError(
-                    f"{cid}: send_with_retries ended at {outcome.end_ms} but the broker model's clock is at "
-                    f"{attempter.clock}; the attempt timing convention of pipeline.rocketmq.selection changed"
+                    f"{cid}: send_attempts ended at {end} but the broker model's clock is at "
+                    f"{link.clock}; the attempt timing convention of pipeline.rocketmq.send changed"
                 )
-            for i, a in enumerate(outcome.attempts):
+            for i, (mq, _, ts, latency, ok, error, isolation, reachable, _) in enumerate(attempts):
                 seq += 1
-                mq = a.queue
-                if a.ok:
-                    status, error = (a.error if a.error in SUCCESS_STATUSES else "SEND_OK"), None
+                broker, qid = mq.broker, mq.queue_id
+                if not ok:
+                    status = "FAILED"
+                elif error is None:
+                    status = "SEND_OK"
                 else:
-                    status, error = "FAILED", a.error
+                    status, error = (error if error in SUCCESS_STATUSES else "SEND_OK"), None
                 out.append([
-                    f"{cid}-{seq:010d}", a.end_ms, cluster, group, cid, version, topic, mq.broker, mq.queue_id,
-                    status, a.latency_ms, error, None, i,
-                    a.isolation if report_args else None,
-                    a.reachable if report_reachable else None,
+                    id_prefix + str(seq).zfill(10),  # f"{cid}-{seq:010d}", faster
+                    ts, cluster, group, cid, version, topic, broker, qid,
+                    status, latency, error, None, i,
+                    isolation if report_args else None,
+                    reachable if report_reachable else None,
                     fe,
-                    logs[(mq.broker, mq.queue_id)] if stored[i] else None,
+                    logs[(broker, qid)] if stored[i] else None,
                 ])
-            self.messages += 1
+            messages += 1
             # Poisson arrivals (expovariate inlined: this loop runs once per message).
-            t = max(float(outcome.end_ms), t - _log(1.0 - rnd()) * gap)
+            t = max(float(end), t - _log(1.0 - rnd()) * gap)
+        self.messages += messages
         self.seq = seq
         self.next_ms = t
