@@ -8,16 +8,15 @@ secrets only (:data:`ENV_OVERRIDES`); everything else comes from the file.
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import os
 import sys
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pipeline import typedload
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -396,80 +395,14 @@ def from_dict(raw: Mapping[str, Any]) -> Config:
     return _build(Config, raw, prefix="")
 
 
+def _secret(value: Any, key: str) -> Secret:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string")
+    return Secret(value)
+
+
 def _build(cls: type, raw: Any, prefix: str) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!s}; valid keys here: {sorted(fields)}")
-    hints = typing.get_type_hints(cls)
-    values = {name: _convert(hints[name], raw[name], f"{prefix}{name}") for name in raw}
-    try:
-        obj = cls(**values)
-    except TypeError as exc:  # pragma: no cover - a missing required field of our own dataclasses
-        raise ConfigError(f"{prefix.rstrip('.')}: {exc}") from None
-    validate = getattr(obj, "validate", None)
-    if validate is not None:
-        try:
-            validate()
-        except ConfigError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(f"{prefix}{exc}") from None
-    return obj
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return _convert(inner[0], value, key)
-        raise ConfigError(f"{key}: unsupported union type")  # pragma: no cover
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not valid; valid values: {list(args)}")
-        return value
-    if dataclasses.is_dataclass(tp) and tp is not Secret:
-        return _build(tp, value, key + ".")
-    if tp is Secret:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string")
-        return Secret(value)
-    if origin in (collections.abc.Mapping, dict) or tp in (Mapping, dict):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a table, got {type(value).__name__}")
-        vtype = args[1] if len(args) == 2 else Any
-        return types.MappingProxyType(
-            {str(k): _convert(vtype, v, f"{key}.{k}") for k, v in value.items()}
-        )
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # Spark conf values such as 200 are strings to Spark
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
+    return typedload.build(cls, raw, prefix, ConfigError, {Secret: _secret})
 
 
 def _positive(obj: Any, *names: str) -> None:

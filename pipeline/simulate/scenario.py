@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from pipeline import typedload
 from pipeline.config import REPO_ROOT
 
 # 2026-01-01T00:00:00Z: a fixed start keeps runs byte-for-byte reproducible.
@@ -224,56 +223,9 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "scenario"
     if not isinstance(raw, Mapping):
-        raise ScenarioError(f"{where}: expected a table, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ScenarioError(f"unknown key {prefix}{unknown[0]}; valid keys here: {sorted(fields)}")
-    missing = [
-        name
-        for name, f in fields.items()
-        if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ScenarioError(f"missing key {prefix}{missing[0]}")
-    hints = typing.get_type_hints(cls)
-    return cls(**{name: _convert(hints[name], value, f"{prefix}{name}") for name, value in raw.items()})
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, key)  # TOML has no null: a present value is never None
-    if origin is Literal:
-        if value not in args:
-            raise ScenarioError(f"{key}: {value!r} is not valid; valid values: {list(args)}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ScenarioError(f"{key}: expected a list, got {type(value).__name__}")
-        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key + ".")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ScenarioError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ScenarioError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ScenarioError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str) and value:
-            return value
-        raise ScenarioError(f"{key}: expected a non-empty string, got {value!r}")
-    raise ScenarioError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
+        raise ScenarioError(f"scenario: expected a table, got {type(raw).__name__}")
+    return typedload.build(cls, raw, prefix, ScenarioError)
 
 
 def validate(s: Scenario) -> None:
