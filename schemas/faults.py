@@ -2,6 +2,12 @@
 
 Rows are appended (Delta history); a window or an episode that changes is appended again with a
 higher ``revision``, so the current view is the highest revision per id.
+
+A window row is provisional ("open") until the watermark has passed its end: only then can no event
+still change it, and it is appended once more as "closed" with its final end. An out-of-order event
+(within the watermark) for a producer and broker replays that pair's updates in timestamp order; a
+window that the replay shows never existed is appended as "retracted" (rare: readers that keep
+``state == "open"`` of the current view need do nothing about it).
 """
 
 from __future__ import annotations
@@ -21,16 +27,25 @@ PRODUCER_FAULT_WINDOWS = TableSpec(
         Field("broker_name", "string"),
         Field("start_ms", "int64", doc="when isAvailable(broker) turned false"),
         Field("end_ms", "int64", doc="avoid-until as currently known (final once closed)"),
-        Field("state", "string", enum=("open", "closed")),
+        Field("state", "string", enum=("open", "closed", "retracted")),
         Field("trigger_event_id", "string"),
         Field("trigger_status", "string"),
         Field("trigger_latency_ms", "int64"),
         Field("trigger_error", "string", nullable=True),
         Field("trigger_isolation", "bool"),
-        Field("updates", "int32", doc="send results that moved end_ms"),
+        Field(
+            "updates",
+            "int32",
+            doc="timestamp groups of send results that moved end_ms, the opening one included",
+        ),
         Field("fault_enable", "bool", doc="false: the client runs without fault tolerance (shadow window)"),
         Field("revision", "int32", doc="increases each time the window's row is re-emitted"),
-        Field("updated_ms", "int64", doc="event time of the change this row records"),
+        Field(
+            "updated_ms",
+            "int64",
+            doc="event time of the change this row records: the last update that moved end_ms; "
+            "end_ms for a closed row",
+        ),
         Field("event_date", "string", doc="UTC date of start_ms"),
     ),
     partition_by=("event_date",),
@@ -45,16 +60,21 @@ BROKER_FAULT_EPISODES = TableSpec(
         Field("opened_ms", "int64"),
         Field("closed_ms", "int64", nullable=True),
         Field("state", "string", enum=("open", "closed")),
-        Field("reason", "string", doc="quorum | failure_rate_outlier | latency_outlier"),
+        Field(
+            "reason",
+            "string",
+            enum=("quorum", "failure_rate_outlier", "latency_outlier"),
+            doc="the condition that opened it (quorum first when several held)",
+        ),
         Field("peak_avoiding_share", "float64"),
         Field("peak_avoiding_producers", "int32"),
-        Field("active_producers", "int32"),
-        Field("sends", "int64"),
+        Field("active_producers", "int32", doc="producers active on the broker at the peak share"),
+        Field("sends", "int64", doc="sends to the broker in the evaluation intervals while open"),
         Field("failures", "int64"),
-        Field("p99_latency_ms", "float64"),
-        Field("dominant_error", "string", nullable=True),
+        Field("p99_latency_ms", "float64", doc="highest trailing-window p99 latency while open"),
+        Field("dominant_error", "string", nullable=True, doc="most frequent error class while open"),
         Field("revision", "int32"),
-        Field("updated_ms", "int64"),
+        Field("updated_ms", "int64", doc="event-time grid point of the change this row records"),
     ),
 )
 
@@ -66,17 +86,18 @@ BROKER_HEALTH = TableSpec(
         Field("minute_ms", "int64", doc="start of the event-time minute"),
         Field("sends", "int64"),
         Field("failures", "int64"),
-        Field("failures_by_error", "map<string,int64>"),
+        Field("failures_by_error", "map<string,int64>", doc="FAILED sends by error class"),
         Field("failure_rate", "float64"),
         Field("latency_p50_ms", "float64"),
         Field("latency_p95_ms", "float64"),
         Field("latency_p99_ms", "float64"),
         Field("latency_max_ms", "int64"),
-        Field("active_producers", "int32"),
-        Field("producers_avoiding", "int32"),
+        Field("active_producers", "int32", doc="producers that sent to the broker in the minute"),
+        Field("producers_avoiding", "int32", doc="producers with a window (or shadow window) in the minute"),
         Field("event_date", "string"),
     ),
     partition_by=("event_date",),
+    doc="one row per broker and minute with sends, once the watermark has passed the minute",
 )
 
 register(PRODUCER_FAULT_WINDOWS, BROKER_FAULT_EPISODES, BROKER_HEALTH)

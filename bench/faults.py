@@ -1,0 +1,306 @@
+"""Fault-state throughput, memory, state size and detection latency, in one run.
+
+    .venv/bin/python bench/faults.py [--events 1000000] [--live-s 60] [--rate 5000]
+
+1. starts a local broker (Tansu) and preloads N send results over 50 brokers and 500 producers
+   (both client versions; a few slow sends and failures, one broker failing for a minute);
+2. runs each configuration as its own process the way ``faultwatch stream --once`` does
+   (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
+   (a) bronze only; (b) bronze + faults as two queries (today's ``job.py`` wiring: each reads
+   Kafka); (c) bronze + faults as one query (``streaming.faults_query.build_bronze_faults``: one
+   Kafka read, one sink). Prints events/s, the ratio to (a), the peak RSS of that process tree
+   (driver + JVM + Python workers) and the fault state's size per batch (Spark's progress);
+3. live, for (c) and (b): a 1 s trigger while another process sends ``--rate`` events/s stamped
+   with the wall clock; this process polls ``producer_fault_windows`` in Delta every 100 ms.
+   Detection latency = when a window's first row became readable minus its start (the trigger
+   event's time, which is also its Kafka timestamp), over windows opened after a warm-up.
+
+Goals (issue 4): >= 40,000 events/s end to end, p95 detection <= 3 s, RSS <= 3 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.config import Config
+
+BROKERS, PRODUCERS = 50, 500
+SHAPES = {"bronze": "bronze only", "separate": "bronze + faults, two queries", "combined": "bronze + faults, one query"}
+
+
+# -- data --------------------------------------------------------------------------------------
+def _produce_slice(bootstrap: str, topic: str, n: int, part: int, parts: int) -> None:
+    from kafka import KafkaProducer
+
+    from pipeline.faults.synth import bulk_stream
+    from schemas.events import SendResult
+
+    cols = bulk_stream(n, brokers=BROKERS, producers=PRODUCERS)
+    lists = {f: cols[f].tolist() for f in SendResult.__dataclass_fields__ if f in cols}
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024,
+                             max_request_size=8 * 1024 * 1024)
+    for i in range(part, n, parts):
+        e = SendResult(**{f: values[i] for f, values in lists.items()})
+        producer.send(topic, key=e.key(), value=e.to_json())
+    producer.flush()
+    producer.close()
+
+
+def preload(bootstrap: str, topic: str, n: int, procs: int = 2) -> float:
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=_produce_slice, args=(bootstrap, topic, n, i, procs)) for i in range(procs)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+        if w.exitcode != 0:
+            raise SystemExit(f"preload failed (exit {w.exitcode})")
+    return time.perf_counter() - t0
+
+
+def _live_producer(bootstrap: str, topic: str, rate: int, seconds: float, seed: int) -> None:
+    """Send ``rate`` events/s stamped with the wall clock: healthy, with slow sends and failures."""
+    import random
+
+    from kafka import KafkaProducer
+
+    from pipeline.faults.synth import ERRORS
+    from schemas.events import SendResult
+
+    rng = random.Random(seed)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=256 * 1024)
+    start = time.time()
+    sent = 0
+    while time.time() - start < seconds:
+        due = int((time.time() - start) * rate)
+        while sent < due:
+            now = int(time.time() * 1000)
+            p, b = rng.randrange(PRODUCERS), rng.randrange(BROKERS)
+            r = rng.random()
+            failed = r < 0.001
+            latency = rng.randrange(600, 4000) if r < 0.003 else rng.randrange(1, 30)
+            e = SendResult(
+                event_id=f"live-{seed}-{sent}", ts_ms=now, cluster="c1", producer_group=f"PG_{p % 10}",
+                client_id=f"10.1.{p // 250}.{p % 250}@{2000 + p}", client_version="4.9.8" if p % 2 else "5.3.3",
+                topic="TopicLive", broker_name=f"broker-{b:02d}", queue_id=rng.randrange(8),
+                status="FAILED" if failed else "SEND_OK", latency_ms=latency, error=ERRORS[0] if failed else None,
+                queue_offset=None if failed else sent, attempt=0, send_latency_fault_enable=True,
+            )
+            producer.send(topic, key=e.key(), value=e.to_json(), timestamp_ms=now)
+            sent += 1
+        time.sleep(0.01)
+    producer.flush()
+    producer.close()
+
+
+# -- child: one configuration in its own process -----------------------------------------------
+def bench_config(bootstrap: str, topic: str, work: Path, name: str, **extra: Any) -> Config:
+    cfg = Config().replace(
+        kafka__bootstrap_servers=bootstrap, topics__send_results=topic,
+        storage__root=str(work / name / "tables"), storage__checkpoint_root=str(work / name / "checkpoints"),
+        storage__publish_dir=str(work / name / "avoidance"),
+    )
+    return cfg.replace(**extra) if extra else cfg
+
+
+def writers(spark: Any, cfg: Config, shape: str) -> dict[str, Any]:
+    from streaming.faults_query import COMBINED, build_bronze_faults
+    from streaming.job import build_queries
+
+    if shape == "combined":
+        return {COMBINED: build_bronze_faults(spark, cfg)}
+    return dict(build_queries(spark, cfg, ["bronze"] if shape == "bronze" else ["bronze", "faults"]))
+
+
+def child(args: argparse.Namespace) -> None:
+    from streaming.faults_query import state_metrics
+    from streaming.session import spark_session
+
+    work = Path(args.work)
+    common = {"stream__max_events_per_batch": args.max_batch}
+    spark = spark_session(bench_config(args.bootstrap, args.warm_topic, work, f"{args.shape}-warm", **common))
+    # a warm-up run on a small topic first (JIT, Python workers, first-query costs); live: only that
+    runs = [(f"{args.shape}-warm", args.warm_topic)] + ([(args.shape, args.topic)] if args.mode == "once" else [])
+    for name, topic in runs:
+        cfg = bench_config(args.bootstrap, topic, work, name, **common)
+        t0 = time.perf_counter()
+        queries = {n: w.trigger(availableNow=True).start() for n, w in writers(spark, cfg, args.shape).items()}
+        for q in queries.values():
+            q.awaitTermination()
+        secs = time.perf_counter() - t0
+    states = [state_metrics(p) | {"batch": p["batchId"]} for n, q in queries.items() for p in q.recentProgress
+              if n != "bronze" and p.get("stateOperators")]
+    print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
+    if args.mode == "live":
+        cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0)
+        queries = [w.trigger(processingTime="1 second").start() for w in writers(spark, cfg, args.shape).values()]
+        print("STARTED " + cfg.storage.root, flush=True)
+        time.sleep(args.live_s)
+        for q in queries:
+            q.stop()
+    spark.stop()
+
+
+# -- parent ------------------------------------------------------------------------------------
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[dict[str, Any], int]:
+    proc = subprocess.Popen([sys.executable, __file__, "--child", *base, *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    peak = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    result: dict[str, Any] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("RESULT "):
+            result = json.loads(line[7:])
+        elif on_line is not None:
+            on_line(line)
+    if proc.wait() != 0:
+        raise SystemExit(f"child {extra} failed with exit code {proc.returncode}")
+    sampler.join()
+    return result, peak[0]
+
+
+def poll_windows(root: str, stop: threading.Event, seen: dict[str, tuple[int, float]]) -> None:
+    """Record the wall time at which each window id's first row became readable in Delta."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    path = str(Path(root) / "producer_fault_windows")
+    files: set[str] = set()
+    while not stop.is_set():
+        try:
+            uris = set(DeltaTable(path).file_uris())
+        except TableNotFoundError:
+            time.sleep(0.1)
+            continue
+        now = time.time()
+        for uri in sorted(uris - files):
+            for r in pq.read_table(uri.removeprefix("file://"), columns=["window_id", "start_ms"]).to_pylist():
+                seen.setdefault(r["window_id"], (r["start_ms"], now))
+        files |= uris
+        time.sleep(0.1)
+
+
+def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int, seconds: float) -> tuple[list[float], int]:
+    seen: dict[str, tuple[int, float]] = {}
+    stop = threading.Event()
+    began: list[float] = []
+    threads: list[threading.Thread] = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("STARTED ") and not began:
+            began.append(time.time())
+            poller = threading.Thread(target=poll_windows, args=(line[8:].strip(), stop, seen), daemon=True)
+            sender = threading.Thread(target=_send_for, args=(bootstrap, topic, rate, seconds - 15), daemon=True)
+            threads.extend([poller, sender])
+            poller.start()
+            sender.start()
+
+    _, peak = run_child(base, ["--mode", "live", "--shape", shape, "--topic", topic, "--live-s", str(seconds)], on_line)
+    stop.set()
+    for t in threads:
+        t.join()
+    cutoff = (began[0] + 15) * 1000 if began else 0
+    return sorted(at - start / 1000 for start, at in seen.values() if start >= cutoff), peak
+
+
+def _send_for(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=_live_producer, args=(bootstrap, topic, rate, seconds, 5))
+    p.start()
+    p.join()
+
+
+def pct(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--max-batch", type=int, default=200_000)
+    ap.add_argument("--live-s", type=float, default=75.0)
+    ap.add_argument("--rate", type=int, default=5000)
+    ap.add_argument("--shapes", default="bronze,separate,combined")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("mode", "shape", "bootstrap", "topic", "warm-topic", "work"):
+        ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    from pipeline.kafka_local import start_local_kafka
+
+    n = args.events
+    work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-faults-"))
+    print(f"bench/faults: {n} send results, {BROKERS} brokers, {PRODUCERS} producers, {args.partitions} partitions, "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
+    topics = ["bench.warm", "bench.send-results", "bench.live-combined", "bench.live-separate", *Config().topics.all()]
+    with start_local_kafka(topics=topics, partitions=args.partitions) as kafka:
+        secs = preload(kafka.bootstrap, "bench.send-results", n)
+        preload(kafka.bootstrap, "bench.warm", 20_000)
+        print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
+        base = ["--bootstrap", kafka.bootstrap, "--warm-topic", "bench.warm", "--work", str(work),
+                "--max-batch", str(args.max_batch)]
+        results = {}
+        for shape in args.shapes.split(","):
+            res, peak = run_child(base, ["--mode", "once", "--shape", shape, "--topic", "bench.send-results"])
+            results[shape] = res
+            ratio = results["bronze"]["seconds"] / res["seconds"] if "bronze" in results else float("nan")
+            print(f"({shape}) {SHAPES[shape]:<30} {n / res['seconds']:>8,.0f} events/s ({res['seconds']:.1f}s), "
+                  f"ratio to bronze {ratio:.2f}, peak RSS {peak / 2**30:.2f} GiB, load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+            for s in res["states"]:
+                print(f"    batch {s['batch']}: state {s['state_current_version_bytes'] / 2**20:.1f} MiB "
+                      f"(store memory {s['state_memory_bytes'] / 2**20:.1f} MiB)")
+        for shape in [s for s in args.shapes.split(",") if s != "bronze"]:
+            lat, peak = live(base, shape, f"bench.live-{shape}", kafka.bootstrap, args.rate, args.live_s)
+            print(f"({shape}) detection latency at {args.rate}/s, 1 s trigger: p50 {pct(lat, 50):.2f}s, "
+                  f"p95 {pct(lat, 95):.2f}s, max {max(lat) if lat else float('nan'):.2f}s over {len(lat)} windows; "
+                  f"peak RSS {peak / 2**30:.2f} GiB, load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The fault state as one row of Spark's state store, and back.
+
+Tables travel as Arrow IPC streams (zstd): columnar, typed, cheap to write and read, and free of
+Python class paths, so moving a module never breaks a checkpoint (pickle would). Scalars and the
+small dictionaries (broker names, client versions, error classes) travel as JSON. A changed layout
+bumps :data:`STATE_VERSION`; an unknown version fails loudly instead of misreading a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.faults.episodes import EPISODE_SCHEMA
+from pipeline.faults.fleet import FleetState
+from pipeline.faults.frame import Cols, from_arrow, to_arrow
+from pipeline.faults.pairs import LOG_SCHEMA, PAIR_SCHEMA
+from pipeline.faults.state import FaultState
+from pipeline.faults.windows import WINDOW_SCHEMA
+
+STATE_VERSION = 1
+# One row for the whole query: the watermark and every cluster's state (see pipeline.faults.fleet).
+# (Array columns in a pandas state schema fail in PySpark 4.3's worker: KeyError 'elementType'.)
+STATE_DDL = "version INT, watermark_ms BIGINT, clusters STRING, states BINARY"
+_TABLES = (("pairs", PAIR_SCHEMA), ("log", LOG_SCHEMA), ("windows", WINDOW_SCHEMA), ("episodes", EPISODE_SCHEMA))
+_SCALARS = ("cluster", "watermark_ms", "next_serial", "next_pair", "next_minute", "last_tick")
+_NAMES = ("brokers", "versions", "errors")
+_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")  # as fast as lz4 here, ~2.7x smaller
+
+
+def _to_ipc(cols: Cols, schema: dict[str, str]) -> bytes:
+    batch = to_arrow(cols, schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=_WRITE) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(blob: bytes, schema: dict[str, str]) -> Cols:
+    table = pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+    return from_arrow(table, schema)
+
+
+def encode_state(state: FaultState) -> tuple[Any, ...]:
+    """(version, header JSON, pairs, log, windows, episodes) of one cluster."""
+    header = {name: getattr(state, name) for name in _SCALARS}
+    header.update({name: list(getattr(state, name)) for name in _NAMES})
+    blobs = [_to_ipc(getattr(state, name), schema) for name, schema in _TABLES]
+    return (STATE_VERSION, json.dumps(header), *blobs)
+
+
+def decode_state(row: tuple[Any, ...]) -> FaultState:
+    version = row[0]
+    if version != STATE_VERSION:
+        raise ValueError(
+            f"fault state version {version} in the checkpoint; this code reads version {STATE_VERSION}. "
+            "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
+        )
+    header = json.loads(row[1])
+    tables = {name: _from_ipc(bytes(blob), schema) for (name, schema), blob in zip(_TABLES, row[2:])}
+    return FaultState(
+        **{name: header[name] for name in _SCALARS},
+        **{name: tuple(header[name]) for name in _NAMES},
+        **tables,
+    )
+
+
+def state_bytes(row: tuple[Any, ...]) -> int:
+    """Size of an encoded cluster state (:func:`encode_state`) or fleet state (:func:`encode_fleet`)."""
+    if len(row) == 4:
+        return len(row[2]) + len(row[3])
+    return len(row[1]) + sum(len(b) for b in row[2:])
+
+
+def _pack(chunks: list[bytes]) -> bytes:
+    """Length-prefixed blobs in one."""
+    head = struct.pack(f"<I{len(chunks)}Q", len(chunks), *(len(c) for c in chunks))
+    return head + b"".join(chunks)
+
+
+def _unpack(blob: bytes) -> list[bytes]:
+    (count,) = struct.unpack_from("<I", blob, 0)
+    sizes = struct.unpack_from(f"<{count}Q", blob, 4)
+    pos = 4 + 8 * count
+    chunks = []
+    for size in sizes:
+        chunks.append(blob[pos:pos + size])
+        pos += size
+    return chunks
+
+
+def _cluster_blob(state: FaultState) -> bytes:
+    parts = encode_state(state)
+    return _pack([parts[1].encode(), *(bytes(b) for b in parts[2:])])
+
+
+def _cluster_state(blob: bytes) -> FaultState:
+    chunks = _unpack(blob)
+    return decode_state((STATE_VERSION, chunks[0].decode(), *chunks[1:]))
+
+
+def encode_fleet(fleet: FleetState) -> tuple[Any, ...]:
+    """A tuple matching :data:`STATE_DDL`."""
+    names = sorted(fleet.clusters)
+    return (STATE_VERSION, fleet.watermark_ms, json.dumps(names),
+            _pack([_cluster_blob(fleet.clusters[n]) for n in names]))
+
+
+def decode_fleet(row: Any) -> FleetState:
+    version = row[0]
+    if version != STATE_VERSION:
+        raise ValueError(
+            f"fault state version {version} in the checkpoint; this code reads version {STATE_VERSION}. "
+            "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
+        )
+    names = json.loads(row[2])
+    clusters = {name: _cluster_state(blob) for name, blob in zip(names, _unpack(bytes(row[3])))}
+    return FleetState(int(row[1]), clusters)

@@ -1,0 +1,343 @@
+"""``broker_fault_episodes``: when the fleet, not one producer, says a broker is in trouble.
+
+Evaluated on an event-time grid (``faults.evaluation_interval_s``) at points the watermark has
+passed, so a verdict never changes afterwards and does not depend on how events were batched.
+At each grid point ``t`` and for each broker (rules in order, one small function each):
+
+1. quorum: at least ``quorum_min_producers`` producers avoid it (a window covers ``t``) and they are
+   at least ``quorum_share`` of the producers active on it (a send in the last
+   ``active_producer_window_s``, or avoiding it) — one sick producer cannot condemn a broker;
+2. failure-rate outlier (Envoy's failure-percentage ejection with a peer check): over the trailing
+   ``outlier_window_s`` it had ``outlier_min_sends`` sends, a failure rate of at least
+   ``outlier_failure_rate``, while the median rate of its peers (brokers of the cluster with enough
+   sends, at least ``outlier_min_peers`` of them) is below that: a cluster-wide failure is nobody's
+   outlier;
+3. latency outlier: same volume and peers, p99 at least ``outlier_min_latency_ms`` and at least
+   ``outlier_latency_factor`` times the peers' median p99.
+
+Both outlier rules also need the failures (slow sends, of at least ``outlier_min_latency_ms``) to
+come from at least ``quorum_min_producers`` producers: one sick producer, whose timeouts alone can
+lift a broker's p99, condemns no broker through them either.
+
+An episode opens at the first point where a rule holds (the reason is the first rule that held) and
+closes once none has held for ``episode_close_after_s``; ``closed_ms`` is the grid point after the
+last one at which a rule held.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import FaultsConfig
+from pipeline.faults.frame import Cols
+
+QUORUM, FAILURE_OUTLIER, LATENCY_OUTLIER = "quorum", "failure_rate_outlier", "latency_outlier"
+
+EPISODE_SCHEMA: dict[str, str] = {
+    "broker": "int32",
+    "opened": "int64",
+    "last_signal": "int64",
+    "reason": "object",
+    "peak_share": "float64",
+    "peak_avoiding": "int64",
+    "active_at_peak": "int64",
+    "sends": "int64",
+    "failures": "int64",
+    "p99": "float64",
+    "errors": "object",  # JSON {error class: failures}
+    "pending": "object",  # JSON [sends, failures, {errors}] since the last signal
+    "revision": "int64",
+}
+
+
+def quorum_holds(avoiding: int, active: int, cfg: FaultsConfig) -> bool:
+    return avoiding >= cfg.quorum_min_producers and active > 0 and avoiding / active >= cfg.quorum_share
+
+
+def failure_outlier(
+    rate: float, sends: int, peer_rates: list[float], cfg: FaultsConfig, producers: int | None = None
+) -> bool:
+    """``producers``: how many producers the failures came from (None: not checked)."""
+    if sends < cfg.outlier_min_sends or len(peer_rates) < cfg.outlier_min_peers:
+        return False
+    if producers is not None and producers < cfg.quorum_min_producers:
+        return False
+    return rate >= cfg.outlier_failure_rate and float(np.median(peer_rates)) < cfg.outlier_failure_rate
+
+
+def latency_outlier(
+    p99: float, sends: int, peer_p99s: list[float], cfg: FaultsConfig, producers: int | None = None
+) -> bool:
+    """``producers``: how many producers had slow sends (None: not checked)."""
+    if sends < cfg.outlier_min_sends or len(peer_p99s) < cfg.outlier_min_peers:
+        return False
+    if producers is not None and producers < cfg.quorum_min_producers:
+        return False
+    return p99 >= cfg.outlier_min_latency_ms and p99 >= cfg.outlier_latency_factor * float(np.median(peer_p99s))
+
+
+@dataclass
+class Point:
+    """One broker at one grid point."""
+
+    avoiding: int = 0
+    active: int = 0
+    sends: int = 0  # trailing outlier window
+    failures: int = 0
+    p99: float = 0.0
+    failing: int = 0  # producers with a failure in the trailing window
+    slow: int = 0  # producers with a send of at least outlier_min_latency_ms in it
+    bucket_sends: int = 0  # (t - interval, t]
+    bucket_failures: int = 0
+    bucket_errors: Counter = field(default_factory=Counter)
+
+
+def signal(b: int, points: dict[int, Point], cfg: FaultsConfig) -> str | None:
+    """The first rule that holds for broker ``b`` among the cluster's ``points`` at one grid time."""
+    me = points[b]
+    if quorum_holds(me.avoiding, me.active, cfg):
+        return QUORUM
+    peers = [p for k, p in points.items() if k != b and p.sends >= cfg.outlier_min_sends]
+    rate = me.failures / me.sends if me.sends else 0.0
+    if failure_outlier(rate, me.sends, [p.failures / p.sends for p in peers], cfg, me.failing):
+        return FAILURE_OUTLIER
+    if latency_outlier(me.p99, me.sends, [p.p99 for p in peers], cfg, me.slow):
+        return LATENCY_OUTLIER
+    return None
+
+
+def _pairs_in(pair: np.ndarray, lo: int, hi: int) -> set[int]:
+    return set(pair[lo:hi].tolist())
+
+
+def quantile(values: np.ndarray, q: float) -> float:
+    """``np.quantile(values, q)`` (linear interpolation), by partial sort: ~3x faster on small arrays."""
+    n = len(values)
+    pos = (n - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    part = np.partition(values, (lo, hi))
+    return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
+
+
+def points_at(
+    ticks: np.ndarray, log: Cols, windows: Cols, brokers: list[int], errors: tuple[str, ...], cfg: FaultsConfig
+) -> list[dict[int, Point]]:
+    """The per-broker :class:`Point` of every grid time in ``ticks``."""
+    interval = int(cfg.evaluation_interval_s * 1000)
+    act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
+    result: list[dict[int, Point]] = [{b: Point() for b in brokers} for _ in ticks]
+    win_use = np.ones(len(windows["pair"]), dtype=bool) if cfg.quorum_counts_shadow_windows else windows["enable"]
+    for b in brokers:
+        sel = np.flatnonzero(log["broker"] == b)
+        order = np.argsort(log["ts"][sel], kind="stable")
+        sel = sel[order]
+        ts, lat, pair = log["ts"][sel], log["latency"][sel], log["pair"][sel]
+        failed, err = log["failed"][sel], log["err"][sel]
+        cum_fail = np.concatenate([[0], np.cumsum(failed)])
+        hi = np.searchsorted(ts, ticks, side="right")
+        lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
+        lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
+        lo_bkt = np.searchsorted(ts, ticks - interval, side="right")
+        wsel = np.flatnonzero((windows["broker"] == b) & win_use)
+        w_start, w_end, w_pair = windows["start"][wsel], windows["end"][wsel], windows["pair"][wsel]
+        for k, t in enumerate(ticks.tolist()):
+            p = result[k][b]
+            covering = (w_start <= t) & (w_end > t)
+            avoid = set(w_pair[covering].tolist()) if covering.any() else set()
+            p.avoiding = len(avoid)
+            p.active = len(_pairs_in(pair, lo_act[k], hi[k]) | avoid)
+            p.sends = int(hi[k] - lo_out[k])
+            p.failures = int(cum_fail[hi[k]] - cum_fail[lo_out[k]])
+            if p.sends:
+                window = slice(lo_out[k], hi[k])
+                p.p99 = quantile(lat[window], 0.99)
+                p.failing = len(set(pair[window][failed[window]].tolist())) if p.failures else 0
+                slow = lat[window] >= cfg.outlier_min_latency_ms
+                p.slow = len(set(pair[window][slow].tolist())) if slow.any() else 0
+            p.bucket_sends = int(hi[k] - lo_bkt[k])
+            p.bucket_failures = int(cum_fail[hi[k]] - cum_fail[lo_bkt[k]])
+            if p.bucket_failures:
+                seg = slice(lo_bkt[k], hi[k])
+                p.bucket_errors = Counter(errors[e] for e in err[seg][failed[seg]].tolist())
+    return result
+
+
+@dataclass
+class Episode:
+    broker: int
+    opened: int
+    last_signal: int
+    reason: str
+    peak_share: float = 0.0
+    peak_avoiding: int = 0
+    active_at_peak: int = 0
+    sends: int = 0
+    failures: int = 0
+    p99: float = 0.0
+    errors: Counter = field(default_factory=Counter)
+    pending: list = field(default_factory=lambda: [0, 0, Counter()])
+    revision: int = 0
+    changed: bool = False
+    closed: int | None = None
+
+    def take(self, p: Point, signalled: bool) -> None:
+        if p.active and (p.avoiding / p.active > self.peak_share or p.avoiding > self.peak_avoiding):
+            if p.avoiding / p.active > self.peak_share:
+                self.peak_share = p.avoiding / p.active
+                self.active_at_peak = p.active
+            self.peak_avoiding = max(self.peak_avoiding, p.avoiding)
+            self.changed = True
+        if p.p99 > self.p99 and signalled:
+            self.p99 = p.p99
+            self.changed = True
+        self.pending[0] += p.bucket_sends
+        self.pending[1] += p.bucket_failures
+        self.pending[2].update(p.bucket_errors)
+        if signalled:
+            self.sends += self.pending[0]
+            self.failures += self.pending[1]
+            self.errors.update(self.pending[2])
+            self.changed = self.changed or self.pending[0] > 0
+            self.pending = [0, 0, Counter()]
+
+
+def advance_episode(ep: Episode | None, b: int, t: int, reason: str | None, p: Point, cfg: FaultsConfig,
+                    interval: int) -> tuple[Episode | None, Episode | None]:
+    """One grid point for one broker: (the open episode after it, an episode that closed at it)."""
+    if ep is None:
+        if reason is None:
+            return None, None
+        ep = Episode(b, t, t, reason, changed=True)
+        ep.take(p, True)
+        return ep, None
+    if reason is not None:
+        ep.last_signal = t
+        ep.take(p, True)
+        return ep, None
+    if t - ep.last_signal >= cfg.episode_close_after_s * 1000:
+        ep.closed = ep.last_signal + interval
+        ep.changed = True
+        return None, ep
+    ep.take(p, False)
+    return ep, None
+
+
+def episode_row(ep: Episode, cluster: str, brokers: tuple[str, ...], updated_ms: int) -> dict[str, Any]:
+    dominant = None
+    if ep.errors:
+        dominant = min(ep.errors.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    broker = brokers[ep.broker]
+    return {
+        "episode_id": f"{cluster}|{broker}|{ep.opened}",
+        "cluster": cluster,
+        "broker_name": broker,
+        "opened_ms": ep.opened,
+        "closed_ms": ep.closed,
+        "state": "open" if ep.closed is None else "closed",
+        "reason": ep.reason,
+        "peak_avoiding_share": ep.peak_share,
+        "peak_avoiding_producers": ep.peak_avoiding,
+        "active_producers": ep.active_at_peak,
+        "sends": ep.sends,
+        "failures": ep.failures,
+        "p99_latency_ms": ep.p99,
+        "dominant_error": dominant,
+        "revision": ep.revision,
+        "updated_ms": updated_ms,
+    }
+
+
+def episodes_from_table(table: Cols) -> dict[int, Episode]:
+    out = {}
+    for i in range(len(table["broker"])):
+        pending = json.loads(table["pending"][i])
+        out[int(table["broker"][i])] = Episode(
+            int(table["broker"][i]), int(table["opened"][i]), int(table["last_signal"][i]),
+            str(table["reason"][i]), float(table["peak_share"][i]), int(table["peak_avoiding"][i]),
+            int(table["active_at_peak"][i]), int(table["sends"][i]), int(table["failures"][i]),
+            float(table["p99"][i]), Counter(json.loads(table["errors"][i])),
+            [pending[0], pending[1], Counter(pending[2])], int(table["revision"][i]),
+        )
+    return out
+
+
+def episodes_to_table(episodes: dict[int, Episode]) -> Cols:
+    eps = [episodes[b] for b in sorted(episodes)]
+    cols: Cols = {}
+    for name, dtype in EPISODE_SCHEMA.items():
+        if name == "errors":
+            values: list[Any] = [json.dumps(dict(e.errors), sort_keys=True) for e in eps]
+        elif name == "pending":
+            values = [json.dumps([e.pending[0], e.pending[1], dict(e.pending[2])], sort_keys=True) for e in eps]
+        else:
+            values = [getattr(e, name) for e in eps]
+        arr = np.empty(len(values), dtype=dtype)
+        arr[:] = values
+        cols[name] = arr
+    return cols
+
+
+def grid_times(
+    starts: np.ndarray, ends: np.ndarray, after: int, until: int, interval: int
+) -> np.ndarray:
+    """Grid points ``k * interval`` in ``(after, until]`` that lie in the union of ``[starts, ends]``.
+
+    Away from every update and window nothing can signal and every episode has closed, so an idle
+    stretch of event time (or data years apart) costs nothing.
+    """
+    if len(starts) == 0:
+        return np.empty(0, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > e[:-1]
+    lo = s[new]
+    hi = np.concatenate([e[np.flatnonzero(new)[1:] - 1], e[-1:]])
+    out = []
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        first = max(a, after + 1)
+        last = min(b, until)
+        if first > last:
+            continue
+        k0 = -(-first // interval)
+        k1 = last // interval
+        if k1 >= k0:
+            out.append(np.arange(k0, k1 + 1, dtype=np.int64) * interval)
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+
+def evaluate(
+    episodes: dict[int, Episode],
+    ticks: np.ndarray,
+    log: Cols,
+    windows: Cols,
+    brokers: list[int],
+    errors: tuple[str, ...],
+    cfg: FaultsConfig,
+) -> list[Episode]:
+    """Run the grid points ``ticks`` (ascending); returns episodes closed on the way.
+
+    ``episodes`` (open ones, by broker) is updated in place.
+    """
+    interval = int(cfg.evaluation_interval_s * 1000)
+    closed: list[Episode] = []
+    if len(ticks) == 0 or not brokers:
+        return closed
+    points = points_at(ticks, log, windows, brokers, errors, cfg)
+    for k, t in enumerate(ticks.tolist()):
+        for b in brokers:
+            reason = signal(b, points[k], cfg)
+            ep, done = advance_episode(episodes.get(b), b, t, reason, points[k][b], cfg, interval)
+            if ep is None:
+                episodes.pop(b, None)
+            else:
+                episodes[b] = ep
+            if done is not None:
+                closed.append(done)
+    return closed

@@ -1,0 +1,169 @@
+"""``broker_fault_episodes``: each rule's verdict per case, and the scripted outage end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pipeline.config import FaultsConfig
+from pipeline.faults import from_send_results
+from pipeline.faults.episodes import (
+    FAILURE_OUTLIER,
+    LATENCY_OUTLIER,
+    QUORUM,
+    Point,
+    failure_outlier,
+    grid_times,
+    latency_outlier,
+    quorum_holds,
+    signal,
+)
+from pipeline.faults.frame import take
+from pipeline.faults.reference import current_view, run_steps
+from pipeline.faults.synth import misbehave, outage_scenario
+from pipeline.simulate import MemorySink, Simulation
+
+CFG = FaultsConfig()  # quorum 0.5 of >= 3; outliers: 20 sends, 2 peers, rate 0.5, p99 5x and >= 550 ms
+
+
+@pytest.mark.parametrize(
+    "avoiding,active,holds",
+    [
+        (3, 6, True),  # half of the active producers, and three of them
+        (2, 2, False),  # everyone, but fewer than quorum_min_producers: one sick client cannot decide
+        (3, 7, False),  # three, but under half
+        (10, 10, True),
+        (0, 0, False),
+    ],
+)
+def test_quorum_rule(avoiding: int, active: int, holds: bool) -> None:
+    assert quorum_holds(avoiding, active, CFG) is holds
+
+
+@pytest.mark.parametrize(
+    "rate,sends,peers,holds",
+    [
+        (0.9, 100, [0.0, 0.01], True),
+        (0.5, 20, [0.0, 0.0, 0.0], True),  # exactly at the thresholds
+        (0.9, 19, [0.0, 0.0], False),  # too few sends to judge
+        (0.9, 100, [0.0], False),  # too few peers to compare with
+        (0.9, 100, [0.8, 0.9, 0.1], False),  # the peers fail as much: cluster-wide, nobody's outlier
+        (0.4, 100, [0.0, 0.0], False),
+    ],
+)
+def test_failure_rate_outlier_rule(rate: float, sends: int, peers: list[float], holds: bool) -> None:
+    assert failure_outlier(rate, sends, peers, CFG) is holds
+
+
+@pytest.mark.parametrize(
+    "p99,sends,peers,holds",
+    [
+        (600.0, 50, [20.0, 30.0], True),
+        (600.0, 50, [200.0, 130.0], False),  # under 5x the peers' median
+        (500.0, 50, [20.0, 30.0], False),  # under outlier_min_latency_ms
+        (600.0, 10, [20.0, 30.0], False),
+        (9000.0, 50, [20.0], False),
+    ],
+)
+def test_latency_outlier_rule(p99: float, sends: int, peers: list[float], holds: bool) -> None:
+    assert latency_outlier(p99, sends, peers, CFG) is holds
+
+
+@pytest.mark.parametrize("producers,holds", [(1, False), (2, False), (3, True), (None, True)])
+def test_outliers_need_several_producers(producers: int | None, holds: bool) -> None:
+    assert failure_outlier(0.9, 100, [0.0, 0.0], CFG, producers) is holds
+    assert latency_outlier(900.0, 100, [10.0, 10.0], CFG, producers) is holds
+
+
+def test_signal_names_the_first_rule_that_holds() -> None:
+    healthy = Point(avoiding=0, active=5, sends=100, failures=0, p99=10.0)
+    sick = Point(avoiding=4, active=5, sends=100, failures=90, p99=900.0, failing=4, slow=4)
+    points = {0: sick, 1: healthy, 2: healthy}
+    assert signal(0, points, CFG) == QUORUM
+    points[0] = dataclasses.replace(points[0], avoiding=1)
+    assert signal(0, points, CFG) == FAILURE_OUTLIER
+    points[0] = dataclasses.replace(points[0], failures=0)
+    assert signal(0, points, CFG) == LATENCY_OUTLIER
+    assert signal(1, points, CFG) is None
+
+
+def test_grid_points_only_near_activity() -> None:
+    starts = np.asarray([1_000, 1_000_000_000], dtype=np.int64)
+    ends = starts + 12_000
+    got = grid_times(starts, ends, 0, 2_000_000_000, 5_000)
+    assert got.tolist() == [5_000, 10_000, 1_000_000_000, 1_000_005_000, 1_000_010_000]
+
+
+def simulate(scenario: object) -> list:
+    sim = Simulation(scenario)
+    sink = MemorySink()
+    sim.run(sink)
+    return sink.events("send_result")
+
+
+def episodes_of(events: list, batch_ms: int, cfg: FaultsConfig = CFG) -> list[dict]:
+    batch = from_send_results(events, partitions=[sum(map(ord, e.broker_name)) % 4 for e in events])
+    ts = batch["ts_ms"]
+    steps, lo = [], int(ts.min())
+    while lo <= int(ts.max()):
+        steps.append((take(batch, (ts >= lo) & (ts < lo + batch_ms)), lo - 30_000))
+        lo += batch_ms
+    steps.append((take(batch, ts < 0), int(ts.max()) + 1))
+    _, rows = run_steps("DefaultCluster", steps, cfg)
+    return current_view(rows["episodes"], "episode_id")
+
+
+@pytest.fixture(scope="module")
+def outage() -> tuple[list, int]:
+    scenario = outage_scenario()
+    return simulate(scenario), scenario.epoch_ms
+
+
+def test_scripted_outage_opens_one_episode_and_closes_it_after_recovery(outage: tuple[list, int]) -> None:
+    events, epoch = outage
+    got = episodes_of(events, 5_000)
+    assert len(got) == 1
+    [ep] = got
+    assert (ep["broker_name"], ep["state"], ep["reason"]) == ("broker-c", "closed", QUORUM)
+    assert epoch + 60_000 <= ep["opened_ms"] <= epoch + 75_000  # the outage starts at 60 s
+    assert epoch + 180_000 <= ep["closed_ms"] <= epoch + 260_000  # and ends at 180 s
+    assert ep["peak_avoiding_producers"] >= 15 and ep["peak_avoiding_share"] > 0.9
+    assert ep["failures"] > 0 and ep["dominant_error"] == "RemotingConnectException"
+    assert ep["sends"] >= ep["failures"]
+
+
+def test_episodes_do_not_depend_on_batching(outage: tuple[list, int]) -> None:
+    events, _ = outage
+    a = episodes_of(events, 5_000)
+    b = episodes_of(events, 41_000)
+    drop = ("revision", "updated_ms")
+    assert [{k: v for k, v in e.items() if k not in drop} for e in a] == [
+        {k: v for k, v in e.items() if k not in drop} for e in b
+    ]
+
+
+def test_one_misbehaving_producer_opens_no_episode() -> None:
+    scenario = outage_scenario(outage_s=1.0, start_s=1.0, after_s=120.0)
+    events = [e for e in simulate(scenario) if e.ts_ms > scenario.epoch_ms + 5_000]
+    clients = sorted({e.client_id for e in events})
+    bad = misbehave(events, clients[0], "broker-c")
+    assert sum(e.status == "FAILED" for e in bad) > 50
+    assert episodes_of(bad, 5_000) == []
+    # ...while the same failures from a quorum of producers open one
+    for c in clients[:12]:
+        events = misbehave(events, c, "broker-c")
+    assert [e["broker_name"] for e in episodes_of(events, 5_000)] == ["broker-c"]
+
+
+def test_a_failure_rate_outlier_opens_an_episode_without_any_avoiding() -> None:
+    scenario = outage_scenario(outage_s=1.0, start_s=1.0, after_s=120.0)
+    events = [dataclasses.replace(e, send_latency_fault_enable=False) for e in simulate(scenario)]
+    busy = "MQBrokerException: CODE: 2 DESC: [PCBUSY_CLEAN_QUEUE]"
+    bad = [dataclasses.replace(e, status="FAILED", error=busy, queue_offset=None)
+           if e.broker_name == "broker-b" and (e.ts_ms // 1000) % 10 < 8 else e for e in events]
+    cfg = FaultsConfig(quorum_counts_shadow_windows=False)
+    [ep] = episodes_of(bad, 5_000, cfg)
+    assert (ep["broker_name"], ep["reason"]) == ("broker-b", FAILURE_OUTLIER)
+    assert ep["dominant_error"] == "MQBrokerException[PCBUSY_CLEAN_QUEUE]"

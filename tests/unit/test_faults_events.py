@@ -1,0 +1,67 @@
+"""Per-event facts the fault step derives: order, update arguments, error classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.faults import from_send_results
+from pipeline.faults.events import (
+    error_class,
+    fault_enabled,
+    generation_codes,
+    processing_order,
+    update_arguments,
+)
+from pipeline.faults.reference import event_array
+from pipeline.faults.synth import ERRORS, random_stream
+from pipeline.rocketmq import update_args
+
+
+@pytest.mark.parametrize(
+    "error,expected",
+    [
+        ("RemotingConnectException: connect to 10.0.0.1:10911 failed", "RemotingConnectException"),
+        ("org.apache.rocketmq.remoting.exception.RemotingTimeoutException: wait 3000(ms)", "RemotingTimeoutException"),
+        ("MQBrokerException: CODE: 2  DESC: [TIMEOUT_CLEAN_QUEUE]broker busy, period in queue: 206ms",
+         "MQBrokerException[TIMEOUT_CLEAN_QUEUE]"),
+        ("[PCBUSY_CLEAN_QUEUE]broker busy, start flow control for a while", "[PCBUSY_CLEAN_QUEUE]"),
+        ("MQBrokerException: CODE: 14 DESC: service not available now", "MQBrokerException(CODE 14)"),
+        (None, "unknown"),
+        ("   ", "unknown"),
+        ("something odd happened", "something odd happened"),
+    ],
+)
+def test_error_class(error: str | None, expected: str) -> None:
+    assert error_class(error) == expected
+
+
+def test_update_arguments_agree_with_the_rules_event_by_event() -> None:
+    events = random_stream(2, producers=20, events=2000)
+    cols = from_send_results(events)
+    for detector in (False, True):
+        gen = generation_codes(cols["client_version"])
+        iso, reach = update_arguments(gen, cols["status"], cols["error"], cols["isolation"], cols["reachable"], detector)
+        want = [update_args(e.status, e.error, e.client_version, detector, e.isolation, e.reachable) for e in events]
+        assert list(zip(iso.tolist(), reach.tolist())) == want
+
+
+def test_generation_codes_mark_unparseable_versions() -> None:
+    codes = generation_codes(event_array(["4.9.8", "5.3.3", "5.1.4", "V5_2_0", "banana", None, "3.2.6"]))
+    assert codes.tolist() == [0, 1, 1, 1, -1, -1, -1]
+
+
+def test_fault_enable_defaults_only_where_the_event_is_silent() -> None:
+    got = fault_enabled(event_array([True, False, None]), default=True)
+    assert got.tolist() == [True, False, True]
+
+
+def test_processing_order_is_time_then_kafka_position_then_event_id() -> None:
+    cols = {
+        "ts_ms": np.asarray([5, 5, 5, 4, 5]),
+        "kafka_partition": np.asarray([1, 0, 0, 3, 0]),
+        "kafka_offset": np.asarray([0, 9, 7, 1, 7]),
+        "event_id": event_array(["a", "b", "d", "e", "c"]),
+    }
+    assert processing_order(cols).tolist() == [3, 4, 2, 1, 0]
+    assert ERRORS  # the synthetic streams use every error class

@@ -1,0 +1,286 @@
+"""``producer_fault_windows`` from the pure step equals the pure rules on the whole stream.
+
+Oracles: :func:`pipeline.rocketmq.derive_windows` over each producer x broker's complete ordered
+stream (no batches, no state), the Java client's own ``start_timestamp`` values in the
+differential vectors, and the simulator's clients (their recorded avoid-until times).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import FaultsConfig
+from pipeline.faults import decode_state, encode_state, from_send_results, initial_state, step
+from pipeline.faults.frame import take
+from pipeline.faults.reference import (
+    current_view,
+    expected_windows,
+    run_steps,
+    uses_default_tables,
+    vector_events,
+    window_keys,
+    windows_from_vector,
+)
+from pipeline.faults.synth import T0, random_stream
+from schemas.events import SendResult, decode_event
+
+VECTORS = Path(__file__).resolve().parents[1] / "fixtures" / "rocketmq-vectors"
+CFG = FaultsConfig()
+FAR = 4_000_000_000_000
+
+
+def cases(version: str) -> list[dict]:
+    with open(VECTORS / f"faults-{version}.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def split_by_time(events: list[SendResult], cuts: list[int]) -> list[list[SendResult]]:
+    """Consecutive batches of an ordered stream, cut before the given timestamps."""
+    out, current, bounds = [], [], sorted(cuts)
+    for e in events:
+        while bounds and e.ts_ms >= bounds[0]:
+            out.append(current)
+            current = []
+            bounds.pop(0)
+        current.append(e)
+    out.append(current)
+    return out
+
+
+def cols(events: list[SendResult], first_offset: int = 0) -> dict:
+    return from_send_results(events, partitions=0, offsets=range(first_offset, first_offset + len(events)))
+
+
+@pytest.mark.parametrize("version,client", [("4.9.8", "4.9.8"), ("5.3.3", "5.3.3")])
+def test_vector_cases_give_the_windows_of_the_java_client(version: str, client: str) -> None:
+    offset = T0
+    checked = skipped = 0
+    all_events, expected = [], []
+    for case in cases(version):
+        if not uses_default_tables(case):
+            skipped += 1  # setLatencyMax / setNotAvailableDuration have no send-result field
+            continue
+        evs = vector_events(case, client, offset)
+        all_events += evs
+        enabled = case["input"].get("send_latency_fault_enable", True)
+        if enabled:
+            expected += [("vectors", "PG_vectors", case["case_id"], b, s, e)
+                         for b, s, e in windows_from_vector(case, offset)]
+        checked += 1
+    all_events.sort(key=lambda e: e.ts_ms)  # stable: each case keeps its own order for equal ts
+    ts = sorted({e.ts_ms for e in all_events})
+    batches = split_by_time(all_events, [ts[len(ts) // 3], ts[2 * len(ts) // 3]])
+    offsets = np.cumsum([0] + [len(b) for b in batches])
+    steps = [(cols(b, int(o)), 0) for b, o in zip(batches, offsets)] + [(cols([]), FAR)]
+    _, rows = run_steps("vectors", steps, CFG)
+    view = current_view(rows["windows"])
+    assert window_keys(view, fault_enable=True) == sorted(expected)
+    assert all(r["state"] == "closed" for r in view)
+    assert checked >= 100 and skipped <= 15
+    # fault tolerance off: the same producers are tracked with their shadow windows, flagged
+    off = [c for c in cases(version) if c["input"].get("send_latency_fault_enable") is False]
+    assert off, "the vectors hold cases with fault tolerance off"
+    shadow = {r["client_id"] for r in view if not r["fault_enable"]}
+    assert shadow <= {c["case_id"] for c in off}
+
+
+def disorder(events: list[SendResult], rng: random.Random, delay_ms: int, batch_ms: int) -> list[list[SendResult]]:
+    """Deliver an ordered stream in batches, each event up to ``delay_ms`` late, ordered by arrival."""
+    arrivals = sorted(events, key=lambda e: (e.ts_ms + rng.randrange(delay_ms + 1), rng.random()))
+    batches: dict[int, list[SendResult]] = defaultdict(list)
+    for k, e in enumerate(arrivals):
+        batches[k * 7 // 300].append(e)  # ~43 events per batch, in arrival order
+    return [batches[k] for k in sorted(batches)]
+
+
+def run_disordered(events: list[SendResult], seed: int, delay_ms: int) -> tuple[list[SendResult], dict, object]:
+    """Batches with the watermark following the max event time minus ``delay_ms`` (as Spark's)."""
+    rng = random.Random(seed)
+    steps, accepted, wm, max_ts, offset = [], [], 0, 0, 0
+    for batch in disorder(events, rng, delay_ms * 2, 2000):
+        steps.append((cols(batch, offset), wm))
+        accepted += [e for e in batch if e.ts_ms > wm]
+        offset += len(batch)
+        max_ts = max([max_ts] + [e.ts_ms for e in batch])
+        wm = max(wm, max_ts - delay_ms)
+    steps.append((cols([], offset), FAR))
+    state, rows = run_steps("c1", steps, CFG)
+    return accepted, rows, state
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), delay=st.sampled_from([0, 50, 3000]))
+def test_disordered_batches_give_the_windows_of_the_whole_stream(seed: int, delay: int) -> None:
+    events = random_stream(seed, producers=10, brokers=3, events=900, span_ms=60_000)
+    accepted, rows, state = run_disordered(events, seed, delay)
+    expected = expected_windows(from_send_results(accepted), fault_enable=None)
+    view = current_view(rows["windows"])
+    assert window_keys(view) == expected
+    late = [r for r in rows["quarantine"] if r["reason"] == "late"]
+    assert len(late) + len(accepted) == len(events)
+    assert all(r["state"] == "closed" for r in view)
+    assert state.pairs["pair"].size == 0 or state.watermark_ms == FAR
+
+
+def test_rows_are_final_once_closed_and_revisions_grow() -> None:
+    events = random_stream(3, producers=10, brokers=3, events=1500, span_ms=90_000)
+    _, rows, _ = run_disordered(events, 3, 3000)
+    by_id = defaultdict(list)
+    for r in rows["windows"]:
+        by_id[r["window_id"]].append(r)
+    assert by_id
+    for wid, seq in by_id.items():
+        revisions = [r["revision"] for r in seq]
+        assert revisions == sorted(set(revisions)), wid
+        states = [r["state"] for r in seq]
+        assert states.count("closed") <= 1 and (states[-1] in ("closed", "retracted")), (wid, states)
+        if "closed" in states:
+            assert states.index("closed") == len(states) - 1
+
+
+def send(ts: int, latency: int, *, offset: int, client: str = "p1", broker: str = "b1", version: str = "4.9.8",
+         failed: bool = False, enable: bool | None = True, isolation: bool | None = None) -> SendResult:
+    return SendResult(
+        event_id=f"{client}-{offset}", ts_ms=ts, cluster="c1", producer_group="PG", client_id=client,
+        client_version=version, topic="T", broker_name=broker, queue_id=0, status="FAILED" if failed else "SEND_OK",
+        latency_ms=latency, error="RemotingTimeoutException" if failed else None, queue_offset=None, attempt=0,
+        isolation=isolation, send_latency_fault_enable=enable,
+    )
+
+
+def one(events: list[SendResult], offsets: list[int]) -> dict:
+    return from_send_results(events, partitions=0, offsets=offsets)
+
+
+def test_an_out_of_order_update_is_applied_in_timestamp_order_and_retracts_what_never_was() -> None:
+    # 4.9: a slow send at T0+100 opens [T0+100, T0+30100); a fast success at the same millisecond that
+    # the producer wrote *after* it (higher offset) arrives a batch later: the window never existed.
+    slow, fast = send(T0 + 100, 600, offset=10), send(T0 + 100, 5, offset=11)
+    later = send(T0 + 200, 5, offset=12)
+    state, out1 = step(initial_state("c1"), one([slow, later], [10, 12]), 0, CFG)
+    assert [(r["state"], r["start_ms"], r["end_ms"]) for r in out1.windows] == [("open", T0 + 100, T0 + 200)]
+    state, out2 = step(state, one([fast], [11]), T0, CFG)
+    assert [(r["state"], r["start_ms"], r["revision"]) for r in out2.windows] == [("retracted", T0 + 100, 1)]
+    # And the same events in one batch never show a window at all.
+    _, out = step(initial_state("c1"), one([slow, fast, later], [10, 11, 12]), 0, CFG)
+    assert out.windows == []
+
+
+def test_out_of_order_across_batches_is_replayed_exactly() -> None:
+    # 5.x: windows only grow. An earlier slow send delivered late extends a window already shown.
+    a = send(T0 + 1000, 600, offset=1, version="5.3.3")  # 2 s window -> [1000, 3000)
+    b = send(T0 + 2500, 1900, offset=2, version="5.3.3")  # 5 s from 2500 -> until 7500
+    c = send(T0 + 900, 3100, offset=3, version="5.3.3")  # out of order: 6 s from 900 -> until 6900
+    state, out1 = step(initial_state("c1"), one([a, b], [1, 2]), 0, CFG)
+    state, out2 = step(state, one([c], [3]), T0 + 500, CFG)
+    state, out3 = step(state, one([], []), FAR, CFG)
+    view = current_view(out1.windows + out2.windows + out3.windows)
+    expected = expected_windows(one([c, a, b], [3, 1, 2]))
+    assert window_keys(view) == expected == [("c1", "PG", "p1", "b1", T0 + 900, T0 + 7500)]
+    states = Counter(r["state"] for r in out1.windows + out2.windows + out3.windows)
+    assert states == Counter({"open": 2, "retracted": 1, "closed": 1})
+
+
+def test_ties_follow_kafka_partition_and_offset_not_arrival() -> None:
+    # Same millisecond, same broker: 4.9 keeps the last update. Offsets say the slow one came last.
+    slow, fast = send(T0, 600, offset=2), send(T0, 5, offset=1)
+    for order in ([slow, fast], [fast, slow]):
+        offsets = [2 if e is slow else 1 for e in order]
+        _, out = step(initial_state("c1"), one(order, offsets), 0, CFG)
+        assert [(r["start_ms"], r["end_ms"]) for r in out.windows] == [(T0, T0 + 30_000)]
+
+
+def test_late_events_go_to_quarantine_re_encoded() -> None:
+    early = send(T0 + 50_000, 600, offset=1)
+    late = send(T0, 700, offset=2, isolation=True, failed=True)
+    state, _ = step(initial_state("c1"), one([early], [1]), 0, CFG)
+    _, out = step(state, one([late], [2]), T0 + 10_000, CFG)
+    assert out.windows == []
+    [q] = out.quarantine
+    assert (q["reason"], q["stage"], q["source_offset"], q["event_kind"]) == ("late", "faults", 2, "send_result")
+    assert q["raw_key"] == b"b1"
+    assert decode_event("send_result", q["raw_value"]) == decode_event("send_result", late.to_json())
+    assert f"watermark {T0 + 10_000}" in q["detail"]
+
+
+def test_producers_without_fault_tolerance_are_tracked_and_flagged() -> None:
+    on = send(T0, 600, offset=1, client="on", enable=True)
+    off = send(T0, 600, offset=2, client="off", enable=False)
+    default = send(T0, 600, offset=3, client="default", enable=None)
+    _, out = step(initial_state("c1"), one([on, off, default], [1, 2, 3]), 0, CFG)
+    flags = {r["client_id"]: r["fault_enable"] for r in out.windows}
+    assert flags == {"on": True, "off": False, "default": False}  # RocketMQ's default is off
+    _, out = step(initial_state("c1"), one([default], [3]),
+                  0, FaultsConfig(default_send_latency_fault_enable=True))
+    assert [r["fault_enable"] for r in out.windows] == [True]
+
+
+def test_window_rows_carry_the_trigger_and_generation() -> None:
+    a = send(T0, 5, offset=1)
+    b = send(T0 + 10, 1200, offset=2, failed=True, isolation=True)
+    _, out = step(initial_state("c1"), one([a, b], [1, 2]), 0, CFG)
+    [row] = out.windows
+    assert row["window_id"] == f"c1|PG|p1|b1|{T0 + 10}"
+    assert (row["trigger_event_id"], row["trigger_status"], row["trigger_latency_ms"]) == ("p1-2", "FAILED", 1200)
+    assert (row["trigger_error"], row["trigger_isolation"], row["generation"]) == ("RemotingTimeoutException", True, "4.9")
+    assert (row["end_ms"], row["updates"], row["state"], row["event_date"]) == (T0 + 10 + 600_000, 1, "open", "2026-01-01")
+
+
+def test_a_bad_client_version_is_quarantined() -> None:
+    bad = send(T0, 600, offset=1, version="banana")
+    _, out = step(initial_state("c1"), one([bad], [1]), 0, CFG)
+    assert out.windows == [] and [q["reason"] for q in out.quarantine] == ["bad_client_version"]
+
+
+def test_state_survives_the_state_store_encoding_unchanged() -> None:
+    events = random_stream(9, events=800)
+    state, _ = step(initial_state("c1"), from_send_results(events[:600]), 0, CFG)
+    row = encode_state(state)
+    again = decode_state(row)
+    assert encode_state(again) == row
+    a, out_a = step(state, from_send_results(events[600:], offsets=range(600, 800)), T0 + 10_000, CFG)
+    b, out_b = step(again, from_send_results(events[600:], offsets=range(600, 800)), T0 + 10_000, CFG)
+    assert out_a == out_b and encode_state(a) == encode_state(b)
+
+
+def test_the_order_rows_arrive_in_does_not_matter() -> None:
+    events = random_stream(5, events=1200)
+    batch = from_send_results(events)
+    perm = np.random.default_rng(1).permutation(len(events))
+    _, out_a = step(initial_state("c1"), batch, 0, CFG)
+    _, out_b = step(initial_state("c1"), take(batch, perm), 0, CFG)
+    assert out_a == out_b and out_a.windows
+
+
+def test_simulated_clients_windows_are_reproduced_across_batches() -> None:
+    from pipeline.simulate import run_to_memory
+
+    sim, sink = run_to_memory("broker-outage")
+    events = sink.events("send_result")
+    batch = from_send_results(events, partitions=[hash(e.broker_name) % 4 for e in events])
+    ts = batch["ts_ms"]
+    steps, lo = [], int(ts.min())
+    while lo <= int(ts.max()):
+        steps.append((take(batch, (ts >= lo) & (ts < lo + 7000)), lo - 30_000))
+        lo += 7000
+    steps.append((take(batch, ts < 0), FAR))
+    _, rows = run_steps("DefaultCluster", steps, CFG)
+    view = current_view(rows["windows"])
+    mine = sorted((r["client_id"], r["broker_name"], r["start_ms"], r["end_ms"]) for r in view if r["fault_enable"])
+    theirs = sorted((w.client_id, w.broker_name, w.start_ms, w.end_ms) for w in sim.client_windows())
+    assert mine == theirs and theirs
+
+
+def test_quarantine_and_window_rows_are_json_safe() -> None:
+    _, rows = run_steps("c1", [(from_send_results(random_stream(2, events=300)), 0)], CFG)
+    assert rows["windows"]
+    orjson.dumps(rows["windows"])
