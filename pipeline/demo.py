@@ -144,5 +144,6 @@ def run_demo(
     snap = take_snapshot(cfg.storage.root)
     report = write_report(cfg.storage.root, out=root / "faultwatch-report.html")
     summary = summary_lines(snap)
-    console.print("\n".join(["", "demo summary:", *summary, f"report: {Path(report).resolve()}"]))
+    # Plain print: a summary that is piped or logged must not be re-wrapped by rich.
+    print("\n".join(["", "demo summary:", *summary, f"report: {Path(report).resolve()}"]), file=out, flush=True)
     return DemoResult(code, Path(report), summary)
