@@ -1,10 +1,20 @@
 """The faults query: a thin Spark shim over :func:`pipeline.faults.fleet_step`.
 
-Shape: Kafka source (chunked: one row per fetch, an Arrow IPC stream of a few thousand decoded
-events) -> ``applyInPandasWithState`` under one constant key -> routed rows for
-``producer_fault_windows``, ``broker_fault_episodes``, ``broker_health`` and ``quarantine``.
+Two shapes, same function:
 
-Why this shape (each choice measured or verified on this machine, Spark 4.3, 2 cores):
+- ``build_faults`` (``faultwatch stream`` concern ``faults``, as ``streaming.job`` wires it today):
+  its own Kafka read -> ``applyInPandasWithState`` under one constant key -> routed rows for
+  ``producer_fault_windows``, ``broker_fault_episodes``, ``broker_health``, ``quarantine``.
+- ``build_bronze_faults`` (recommended): ONE query for bronze and faults. Reading Kafka is nearly
+  all of bronze's cost (kafka-python's fetch and the decode, ~30 core-seconds per million events
+  here) and a separate faults query pays it again. The combined query reads once; every source
+  chunk passes through the stateful function unchanged to its bronze table, the fault rows join as
+  chunks of their tables, and one sink commits all of them exactly once. Measured back to back
+  (1M events, 2 cores, load ~3): bronze alone 59k events/s, combined 40k (0.68), two queries 35k
+  (0.59); live at 5,000 events/s the two queries fell behind (p95 23 s) where the combined one
+  kept p95 ~4.4 s on the same loaded machine.
+
+Why (each choice measured or verified on this machine, Spark 4.3, 2 cores):
 
 - One stateful operator holding every cluster. Windows need only a (producer, broker)'s own
   updates, but episodes compare a broker with its peers, so a per-broker key cannot decide them,
@@ -12,10 +22,10 @@ Why this shape (each choice measured or verified on this machine, Spark 4.3, 2 c
   ``transformWithStateInPandas`` after one is refused by the global-watermark correctness check.
 - ``applyInPandasWithState``, not ``transformWithStateInPandas``: no RocksDB/protobuf setting for
   the whole session, and faster here (78k vs 46k rows/s).
-- The source's chunks go straight in; the function splits them by cluster. A per-cluster key needs
-  a cluster column, i.e. a ``mapInArrow`` stage to unpack the chunks first: that stage cost
-  ~0.7 s per 1 s micro-batch at 5,000 events/s (2.0 s vs 1.2-1.3 s per batch, same machine, same
-  load). Per-row input is worse still: the JVM's per-cell conversions of the routed columns.
+- The source's chunks (Arrow IPC of a fetch's decoded events) go straight in; the function splits
+  them by cluster. A per-cluster key needs a cluster column, i.e. a ``mapInArrow`` stage to unpack
+  the chunks first: that stage cost ~0.7 s per 1 s micro-batch at 5,000 events/s (2.0 s vs
+  1.2-1.3 s per batch, same load). Per-row input is worse: the JVM's per-cell conversions.
 - The watermark is kept in the state (:mod:`pipeline.faults.fleet`, Spark's rule: max event time
   of earlier batches minus ``stream.watermark_delay_s``), not Spark's: with an event-time timeout
   Spark drops rows at or behind its watermark before the function sees them (verified; see
@@ -26,8 +36,8 @@ Why this shape (each choice measured or verified on this machine, Spark 4.3, 2 c
   columns: the query never holds the record bytes, and the bronze ``send_results`` table has the
   event at the same Kafka topic/partition/offset.
 
-State size per batch: Spark reports it in each progress (``stateOperators[0].memoryUsedBytes``;
-:func:`state_metrics`), and the query's checkpoint holds it in one row.
+State size per batch: Spark reports it in each progress (``stateOperators[0]``; see
+:func:`state_metrics`); the query's checkpoint holds it in one row (zstd Arrow IPC).
 """
 
 from __future__ import annotations
@@ -103,6 +113,19 @@ def routed_frame(outputs: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
+def release_memory() -> None:
+    """Hand freed heap back to the OS after a batch (glibc keeps it otherwise): the Python worker
+    that runs the step then holds its state, not the peak of the last batch."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:  # not glibc
+            pass
+
+
 def faults_function(cfg: Config) -> Any:
     """The function Spark calls once per batch: decode state, step every cluster, encode state."""
     faults = cfg.faults
@@ -124,6 +147,7 @@ def faults_function(cfg: Config) -> Any:
         })
         if len(frame):
             yield frame
+        release_memory()
 
     return run
 
@@ -191,27 +215,27 @@ def combined_function(cfg: Config) -> Any:
 
     def run(key: tuple[str], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         fleet = decode_fleet(state.get) if state.exists else FleetState()
-        passed: list[pd.DataFrame] = []
         sends: list[pd.DataFrame] = []
-        for frame in frames:
-            passed.append(frame[[ROUTE_COLUMN, "rows", "arrow"]])
+        for frame in frames:  # bronze chunks go back out as they come: no batch-sized copy is held
             sends.append(frame.loc[frame[ROUTE_COLUMN] == BRONZE, ["arrow", NOW]])
+            yield frame[[ROUTE_COLUMN, "rows", "arrow"]]
         events, now_ms = _events_of(iter(sends))
+        del sends
         fleet, out = fleet_step(fleet, from_arrow_table(events), faults, delay_ms, now_ms)
+        del events
         if fleet.clusters:
             state.update(encode_fleet(fleet))
         elif state.exists:
             state.remove()
         extra = _fault_chunks(out)
         if extra:
-            passed.append(pd.DataFrame(extra, columns=[ROUTE_COLUMN, "rows", "arrow"]))
-        if passed:
-            yield pd.concat(passed, ignore_index=True)
+            yield pd.DataFrame(extra, columns=[ROUTE_COLUMN, "rows", "arrow"])
+        release_memory()
 
     return run
 
 
-def build_bronze_faults_output(chunks_df: "DataFrame", cfg: Config) -> "DataFrame":
+def build_bronze_faults_output(chunks_df: DataFrame, cfg: Config) -> DataFrame:
     """Chunk rows for the bronze tables and the fault tables from the source's chunk rows."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -224,7 +248,7 @@ def build_bronze_faults_output(chunks_df: "DataFrame", cfg: Config) -> "DataFram
     )
 
 
-def build_bronze_faults(spark: "SparkSession", cfg: Config) -> "DataStreamWriter":
+def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     """One query for bronze and the fault tables (one Kafka read, one sink): see above."""
     from streaming.delta_sink import write_routed
     from streaming.kafka_source import output_tables, read_events

@@ -163,3 +163,44 @@ def test_vector_cases_through_spark_give_the_java_client_windows(spark: Any, tmp
     assert window_keys(current_view(got["producer_fault_windows"]), fault_enable=True) == sorted(expected)
     assert got["quarantine"] == []
     assert random_stream  # shared generator module imported for the e2e tests too
+
+
+def test_combined_query_passes_bronze_through_and_adds_the_fault_rows(spark: Any, tmp_path: Path) -> None:
+    """``build_bronze_faults``: one Kafka read for bronze and faults. Every source chunk comes out
+    unchanged; the fault tables' chunks hold exactly what the pure fleet step writes."""
+    from streaming.faults_query import build_bronze_faults_output
+    from streaming.kafka_source import to_chunks
+
+    events = random_stream(12, producers=20, brokers=4, events=4000, span_ms=240_000)
+    cols = from_send_results(events)
+    ts = cols["ts_ms"]
+    edges = [int(ts.min()) + s * 1000 for s in (0, 60, 130, 200, 1000)]
+    batches = [take(cols, (ts >= a) & (ts < b)) for a, b in itertools.pairwise(edges)]
+    src = tmp_path / "chunks"
+    src.mkdir()
+    query = (
+        build_bronze_faults_output(spark.readStream.schema("_table STRING, rows BIGINT, arrow BINARY")
+                                   .option("maxFilesPerTrigger", 1).parquet(str(src)), Config())
+        .writeStream.format("memory").queryName("combined").outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    )
+    sent = []
+    try:
+        for i, batch in enumerate(batches):
+            chunk = to_chunks(bronze_table(batch).combine_chunks().to_batches()[0])
+            sent += chunk.to_pylist()
+            pq.write_table(pa.Table.from_batches([chunk]), src / f"part-{i:04d}.parquet")
+            query.processAllAvailable()
+        out = [r.asDict() for r in spark.sql("select * from combined").collect()]
+    finally:
+        query.stop()
+    passed = [r for r in out if r["_table"] == "send_results"]
+    assert sorted(bytes(r["arrow"]) for r in passed) == sorted(r["arrow"] for r in sent)
+    got: dict[str, list[dict]] = {t: [] for t in FAULT_TABLES}
+    for r in out:
+        if r["_table"] in got:
+            got[r["_table"]] += pa.ipc.open_stream(pa.py_buffer(bytes(r["arrow"]))).read_all().to_pylist()
+    _, want = run_fleet(batches, Config().faults, 30_000)
+    for name in FAULT_TABLES:
+        assert normalize(got[name], name) == normalize(want[TABLE_KEY[name]], name), name
+    assert got["producer_fault_windows"] and got["broker_health"]
