@@ -174,8 +174,10 @@ def tree_rss(pid: int) -> int:
 
 
 def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[dict[str, Any], int]:
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *base, *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    log = Path(base[base.index("--work") + 1]) / f"child-{len(list(Path(base[base.index('--work') + 1]).glob('child-*.log')))}.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, __file__, "--child", *base, *extra], stdout=subprocess.PIPE,
+                                stderr=err, text=True, cwd=REPO)
     peak = [0]
 
     def sample() -> None:
@@ -193,7 +195,8 @@ def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[d
         elif on_line is not None:
             on_line(line)
     if proc.wait() != 0:
-        raise SystemExit(f"child {extra} failed with exit code {proc.returncode}")
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise SystemExit(f"child {extra} failed with exit code {proc.returncode}; last lines of {log}:\n{tail}")
     sampler.join()
     return result, peak[0]
 

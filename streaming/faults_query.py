@@ -250,12 +250,21 @@ def build_bronze_faults_output(chunks_df: DataFrame, cfg: Config) -> DataFrame:
 
 def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     """One query for bronze and the fault tables (one Kafka read, one sink): see above."""
+    from pyspark.sql import functions as F
+
     from streaming.delta_sink import write_routed
     from streaming.kafka_source import output_tables, read_events
 
     events = read_events(spark, cfg, list(BRONZE_KINDS), COMBINED, chunked=True)
     tables = list(dict.fromkeys(output_tables(list(BRONZE_KINDS)) + list(FAULT_TABLES)))
-    return write_routed(build_bronze_faults_output(events, cfg), cfg, COMBINED, tables)
+    # The stateful step runs as one task (one key); spread its output chunks again so the Parquet
+    # writes of the bronze tables use every core, as they do in the bronze-only query. The shuffle
+    # needs unsafe rows, which a pandas stateful function does not return (Spark 4.0 throws a
+    # ClassCastException on ColumnarBatchRow), so a projection converts them first.
+    output = build_bronze_faults_output(events, cfg)
+    output = (output.withColumn("_spread", F.xxhash64("arrow"))
+              .repartition(spark.sparkContext.defaultParallelism, "_spread").drop("_spread"))
+    return write_routed(output, cfg, COMBINED, tables)
 
 
 def state_metrics(progress: dict[str, Any]) -> dict[str, int]:

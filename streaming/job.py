@@ -27,15 +27,23 @@ log = logging.getLogger(__name__)
 
 # concern -> (module, function building its unstarted writer from (spark, cfg)).
 CONCERNS: dict[str, tuple[str, str]] = {
+    "bronze_faults": ("streaming.faults_query", "build_bronze_faults"),
+    "lag": ("streaming.lag_query", "build_lag"),
     "bronze": ("streaming.bronze", "build_bronze"),
     "faults": ("streaming.faults_query", "build_faults"),
-    "lag": ("streaming.lag_query", "build_lag"),
 }
+# What runs without --only. ``bronze_faults`` writes the bronze tables and the fault tables from ONE
+# Kafka read (see streaming/faults_query.py); ``bronze`` and ``faults`` are the same work split in
+# two queries that each read Kafka, kept for bronze-only runs (bench/ingest.py) and comparisons.
+# Running ``bronze_faults`` together with ``bronze`` or ``faults`` would write the same tables twice.
+DEFAULT_CONCERNS = ("bronze_faults", "lag")
+OVERLAPPING = {"bronze_faults": ("bronze", "faults")}
 
 
 def available_concerns() -> list[str]:
     out = []
-    for name, (module, _fn) in CONCERNS.items():
+    for name in DEFAULT_CONCERNS:
+        module, _fn = CONCERNS[name]
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -46,13 +54,23 @@ def available_concerns() -> list[str]:
     return out
 
 
-def build_queries(
-    spark: SparkSession, cfg: Config, concerns: list[str] | None = None
-) -> dict[str, DataStreamWriter]:
-    names = concerns or available_concerns()
+def resolve_concerns(concerns: list[str] | None) -> list[str]:
+    """The queries to run: ``concerns`` (deduplicated) or the defaults; ValueError on a bad mix."""
+    names = list(dict.fromkeys(concerns or available_concerns()))
     unknown = [n for n in names if n not in CONCERNS]
     if unknown:
         raise ValueError(f"unknown concern(s) {unknown}; valid: {sorted(CONCERNS)}")
+    for combined, parts in OVERLAPPING.items():
+        clash = [p for p in parts if combined in names and p in names]
+        if clash:
+            raise ValueError(f"concern {combined} already writes what {clash} write; run one or the other")
+    return names
+
+
+def build_queries(
+    spark: SparkSession, cfg: Config, concerns: list[str] | None = None
+) -> dict[str, DataStreamWriter]:
+    names = resolve_concerns(concerns)
     out = {}
     for name in names:
         module, fn = CONCERNS[name]
@@ -115,10 +133,21 @@ def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO
         secs = p.get("durationMs", {}).get("triggerExecution", 0) / 1000
         print(
             f"[{name}] batch {batch}: in={rows} written={written} quarantined={quarantined} "
-            f"backlog={'?' if backlog is None else backlog} ({secs:.1f}s)",
+            f"backlog={'?' if backlog is None else backlog}{_state_text(p)} ({secs:.1f}s)",
             file=out,
             flush=True,
         )
+
+def _state_text(progress: dict[str, Any]) -> str:
+    """`` state=<rows> rows/<size>`` for a stateful query's progress, empty for a stateless one."""
+    ops = progress.get("stateOperators") or []
+    if not ops:
+        return ""
+    rows = sum(int(op.get("numRowsTotal", 0)) for op in ops)
+    size = sum(int((op.get("customMetrics") or {}).get("stateOnCurrentVersionSizeBytes", 0))
+               or int(op.get("memoryUsedBytes", 0)) for op in ops)
+    return f" state={rows} rows/{size / 2**20:.1f}MiB"
+
 
 def run_stream(
     cfg: Config,
@@ -133,6 +162,7 @@ def run_stream(
     from streaming.delta_sink import checkpoint_dir
     from streaming.session import spark_session
 
+    concerns = resolve_concerns(concerns)
     print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
     spark = spark or spark_session(cfg)
     writers = build_queries(spark, cfg, concerns)

@@ -14,6 +14,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 
+DEFAULT_DRIVER_MEMORY = "1g"
+
+
 class JavaMissingError(RuntimeError):
     pass
 
@@ -56,6 +59,9 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.metricsEnabled", "false")
         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+        # The JVM only moves Arrow chunks between Python processes; its default heap (a quarter of
+        # the machine's memory) just lets garbage pile up. [spark.conf] may raise it.
+        .config("spark.driver.memory", DEFAULT_DRIVER_MEMORY)
     )
     for key, value in cfg.spark.conf.items():
         builder = builder.config(key, value)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pipeline.commands.common import add_config_arg, config_from_args
+from streaming.job import CONCERNS, DEFAULT_CONCERNS  # a plain module: importing it starts no Spark
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--only",
         action="append",
         default=None,
+        choices=sorted(CONCERNS),
         metavar="CONCERN",
-        help="run only these queries (bronze, faults, lag); repeatable",
+        help=f"run only these queries, repeatable; one of {', '.join(sorted(CONCERNS))} "
+        f"(default: {' and '.join(DEFAULT_CONCERNS)})",
     )
     p.set_defaults(handler=run)
 
@@ -34,3 +38,6 @@ def run(args: argparse.Namespace) -> int:
     except JavaMissingError as exc:
         print(f"faultwatch stream: {exc}")
         return 1
+    except ValueError as exc:  # a clash of --only concerns, named by build_queries
+        print(f"faultwatch stream: {exc}", file=sys.stderr)
+        return 2

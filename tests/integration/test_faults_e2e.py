@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from pipeline.faults.synth import random_stream
 from schemas.tables import table
 from tests.conftest import unique_topics
 from tests.integration.processes import (
-    REPO,
     committed_batches,
     kill_tree,
     start_faultwatch,
@@ -46,22 +44,8 @@ def produce(bootstrap: str, topic: str, events: list) -> None:
     producer.close()
 
 
-# The combined query (one Kafka read for bronze and faults) is not a concern of job.py yet: run it
-# through job.run_stream all the same, registered for this process only.
-COMBINED_RUNNER = (
-    "import sys; import streaming.job as j; from pipeline.config import load_config; "
-    "j.CONCERNS['bronze_faults'] = ('streaming.faults_query', 'build_bronze_faults'); "
-    "sys.exit(j.run_stream(load_config(sys.argv[1]), once=sys.argv[2] == 'once', concerns=['bronze_faults']))"
-)
-
-
 def start(shape: str, conf: Path, log: Path, once: bool = False) -> subprocess.Popen[bytes]:
-    if shape == "faults":
-        return start_faultwatch("stream", "--config", str(conf), "--only", "faults", *(["--once"] if once else []),
-                                log=log)
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-c", COMBINED_RUNNER, str(conf), "once" if once else "run"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    return start_faultwatch("stream", "--config", str(conf), "--only", shape, *(["--once"] if once else []), log=log)
 
 
 @pytest.mark.parametrize("shape", ["faults", "bronze_faults"])

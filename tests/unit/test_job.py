@@ -1,0 +1,40 @@
+"""The streaming job's plain parts: which queries run, and what a progress line says."""
+
+from __future__ import annotations
+
+import pytest
+
+from streaming.job import DEFAULT_CONCERNS, _state_text, backlog_of, resolve_concerns
+
+
+def test_default_is_the_combined_bronze_and_faults_query_plus_lag() -> None:
+    assert resolve_concerns(None) == list(DEFAULT_CONCERNS) == ["bronze_faults", "lag"]
+
+
+def test_repeated_concerns_run_once() -> None:
+    assert resolve_concerns(["lag", "bronze", "lag"]) == ["lag", "bronze"]
+
+
+@pytest.mark.parametrize("mix", [["bronze_faults", "bronze"], ["faults", "bronze_faults"]])
+def test_the_combined_query_refuses_its_parts(mix: list[str]) -> None:
+    with pytest.raises(ValueError, match="already writes"):
+        resolve_concerns(mix)
+
+
+def test_unknown_concern_is_named() -> None:
+    with pytest.raises(ValueError, match="'silver'"):
+        resolve_concerns(["silver"])
+
+
+def test_state_size_is_printed_for_stateful_queries_only() -> None:
+    stateful = {"stateOperators": [{"numRowsTotal": 1, "memoryUsedBytes": 9,
+                                    "customMetrics": {"stateOnCurrentVersionSizeBytes": 3 * 2**20}}]}
+    assert _state_text(stateful) == " state=1 rows/3.0MiB"
+    assert _state_text({"stateOperators": [{"numRowsTotal": 2, "memoryUsedBytes": 2**20}]}) == " state=2 rows/1.0MiB"
+    assert _state_text({}) == ""
+
+
+def test_backlog_sums_what_is_left_per_partition() -> None:
+    source = {"latestOffset": '{"t:0": 10, "t:1": 5}', "endOffset": {"t:0": 4, "t:1": 5}}
+    assert backlog_of(source) == 6
+    assert backlog_of({"latestOffset": None, "endOffset": "{}"}) is None
