@@ -6,9 +6,9 @@
    (both client versions; a few slow sends and failures, one broker failing for a minute);
 2. runs each configuration as its own process the way ``faultwatch stream --once`` does
    (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
-   (a) bronze only; (b) bronze + faults as two queries (today's ``job.py`` wiring: each reads
-   Kafka); (c) bronze + faults as one query (``streaming.faults_query.build_bronze_faults``: one
-   Kafka read, one sink). Prints events/s, the ratio to (a), the peak RSS of that process tree
+   (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
+   --only faults``: each reads Kafka); (c) bronze + faults as one query (the default concern
+   ``bronze_faults``: one Kafka read, one sink). Prints events/s, the ratio to (a), the peak RSS of that process tree
    (driver + JVM + Python workers) and the fault state's size per batch (Spark's progress);
 3. live, for (c) and (b): a 1 s trigger while another process sends ``--rate`` events/s stamped
    with the wall clock; this process polls ``producer_fault_windows`` in Delta every 100 ms.
@@ -24,7 +24,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import log_tail, run_measured, run_parallel
 from pipeline.config import Config
 
 BROKERS, PRODUCERS = 50, 500
@@ -60,16 +60,7 @@ def _produce_slice(bootstrap: str, topic: str, n: int, part: int, parts: int) ->
 
 
 def preload(bootstrap: str, topic: str, n: int, procs: int = 2) -> float:
-    t0 = time.perf_counter()
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=_produce_slice, args=(bootstrap, topic, n, i, procs)) for i in range(procs)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-        if w.exitcode != 0:
-            raise SystemExit(f"preload failed (exit {w.exitcode})")
-    return time.perf_counter() - t0
+    return run_parallel(_produce_slice, [(bootstrap, topic, n, i, procs) for i in range(procs)])
 
 
 def _live_producer(bootstrap: str, topic: str, rate: int, seconds: float, seed: int) -> None:
@@ -117,13 +108,14 @@ def bench_config(bootstrap: str, topic: str, work: Path, name: str, **extra: Any
     return cfg.replace(**extra) if extra else cfg
 
 
+CONCERNS = {"bronze": ["bronze"], "separate": ["bronze", "faults"], "combined": ["bronze_faults"]}
+
+
 def writers(spark: Any, cfg: Config, shape: str) -> dict[str, Any]:
-    from streaming.faults_query import COMBINED, build_bronze_faults
+    """The unstarted queries ``faultwatch stream --only ...`` builds for that shape."""
     from streaming.job import build_queries
 
-    if shape == "combined":
-        return {COMBINED: build_bronze_faults(spark, cfg)}
-    return dict(build_queries(spark, cfg, ["bronze"] if shape == "bronze" else ["bronze", "faults"]))
+    return dict(build_queries(spark, cfg, CONCERNS[shape]))
 
 
 def child(args: argparse.Namespace) -> None:
@@ -156,49 +148,21 @@ def child(args: argparse.Namespace) -> None:
 
 
 # -- parent ------------------------------------------------------------------------------------
-def tree_rss(pid: int) -> int:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[dict[str, Any], int]:
-    log = Path(base[base.index("--work") + 1]) / f"child-{len(list(Path(base[base.index('--work') + 1]).glob('child-*.log')))}.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, __file__, "--child", *base, *extra], stdout=subprocess.PIPE,
-                                stderr=err, text=True, cwd=REPO)
-    peak = [0]
-
-    def sample() -> None:
-        while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss(proc.pid))
-            time.sleep(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    work = Path(base[base.index("--work") + 1])
+    log = work / f"child-{len(list(work.glob('child-*.log')))}.log"
     result: dict[str, Any] = {}
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
+
+    def line(text: str) -> None:
+        if text.startswith("RESULT "):
+            result.update(json.loads(text[7:]))
         elif on_line is not None:
-            on_line(line)
-    if proc.wait() != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise SystemExit(f"child {extra} failed with exit code {proc.returncode}; last lines of {log}:\n{tail}")
-    sampler.join()
-    return result, peak[0]
+            on_line(text)
+
+    code, peak = run_measured([sys.executable, __file__, "--child", *base, *extra], log, line, REPO)
+    if code != 0:
+        raise SystemExit(f"child {extra} failed with exit code {code}; last lines of {log}:\n{log_tail(log)}")
+    return result, peak
 
 
 def poll_windows(root: str, stop: threading.Event, seen: dict[str, tuple[int, float]]) -> None:

@@ -15,18 +15,16 @@ the JVM's start-up is reported separately rather than diluting the figure.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import log_tail, run_measured, run_parallel
 from pipeline.config import Config
 from pipeline.kafka_local import start_local_kafka
 
@@ -62,17 +60,8 @@ def _produce_slice(bootstrap: str, topic: str, start: int, stop: int) -> None:
 
 
 def preload(bootstrap: str, topic: str, n: int, procs: int = 2) -> float:
-    t0 = time.perf_counter()
-    ctx = mp.get_context("spawn")
     step = (n + procs - 1) // procs
-    workers = [ctx.Process(target=_produce_slice, args=(bootstrap, topic, i * step, min(n, (i + 1) * step))) for i in range(procs)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-        if w.exitcode != 0:
-            raise SystemExit(f"preload failed (exit {w.exitcode})")
-    return time.perf_counter() - t0
+    return run_parallel(_produce_slice, [(bootstrap, topic, i * step, min(n, (i + 1) * step)) for i in range(procs)])
 
 
 def consume_ceiling(bootstrap: str, topic: str, n: int) -> float:
@@ -96,23 +85,6 @@ def consume_ceiling(bootstrap: str, topic: str, n: int) -> float:
     return elapsed
 
 
-def tree_rss(pid: int) -> int:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
     """Run faultwatch stream --once; returns wall, startup and processing seconds and peak RSS."""
     args = [str(REPO / ".venv" / "bin" / "faultwatch"), "stream", "--config", str(config), "--once"]
@@ -120,31 +92,19 @@ def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
         args += ["--only", concern]
     t0 = time.perf_counter()
     started_at: list[float] = []
-    peak = [0]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO)
 
-        def sample() -> None:
-            while proc.poll() is None:
-                peak[0] = max(peak[0], tree_rss(proc.pid))
-                time.sleep(0.2)
+    def on_line(line: str) -> None:
+        if line.startswith("started:") and not started_at:
+            started_at.append(time.perf_counter())
+        if "total:" in line or line.startswith("[") and "batch" in line:
+            print("   ", line.rstrip(), flush=True)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            if line.startswith("started:") and not started_at:
-                started_at.append(time.perf_counter())
-            if "total:" in line or line.startswith("[") and "batch" in line:
-                print("   ", line.rstrip(), flush=True)
-        code = proc.wait()
-        sampler.join()
+    code, peak = run_measured(args, log, on_line, REPO)
     end = time.perf_counter()
     if code != 0:
-        raise SystemExit(f"faultwatch stream exited {code}; see {log}")
+        raise SystemExit(f"faultwatch stream exited {code}; last lines of {log}:\n{log_tail(log)}")
     start = started_at[0] if started_at else t0
-    return {"wall": end - t0, "startup": start - t0, "processing": end - start, "peak_rss": peak[0]}
+    return {"wall": end - t0, "startup": start - t0, "processing": end - start, "peak_rss": peak}
 
 
 def write_config(path: Path, bootstrap: str, topic: str, data: Path, max_batch: int, extra: str = "") -> Path:

@@ -126,7 +126,8 @@ def start_local_kafka(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            # only a prctl() call between fork and exec: safe with threads in the parent
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
         )
     kafka = LocalKafka(port=port, proc=proc, log_path=log_path)
     try:

@@ -16,6 +16,7 @@ and on Apache Kafka alike.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -281,7 +282,7 @@ def split_range(begin: int, end: int, max_rows: int) -> list[tuple[int, int]]:
         return [(begin, end)]
     pieces = -(-n // max_rows)
     bounds = [begin + n * i // pieces for i in range(pieces + 1)]
-    return list(zip(bounds, bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
