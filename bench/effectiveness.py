@@ -6,19 +6,32 @@ Twenty producers of one client version send to four brokers; broker-b refuses co
   (a) off         sendLatencyFaultEnable=false (RocketMQ's default)
   (b) local       RocketMQ's local latency fault tolerance only
   (c) local+feed  (b) plus the faultwatch feed: every ``--cycle-s`` of simulated time the publisher
-                  decides from what the pipeline has seen (``--lag-s`` behind), validates with the GX
-                  gate, encodes the wire format, and the producers' ``FeedAwareSelector`` applies it
+                  decides from the tables the streaming job has written by then, validates with the
+                  GX gate, encodes the wire format, and the producers' ``FeedAwareSelector`` applies it
 
 Counted: first-attempt send failures (attempt 0 failed) and final failures (every attempt of a
 message failed), over the whole run and from the first published cycle on. Goal: (c) cuts
 first-attempt failures by >= 80% against (b) from the first published cycle on.
 
-The silver tables the publisher reads are stood in for here, in memory: producer windows are the
-simulated clients' own avoidance windows (what ``producer_fault_windows`` holds, proven equal by the
-simulator's tests), broker health is per-minute sends and failures, and episodes use the quorum rule
-of ``[faults]`` (quorum_share of recently active producers avoiding, at least quorum_min_producers,
-kept open episode_close_after_s after the quorum is lost) or the failure-rate outlier rule. Replace
-:func:`episodes_at` by the streaming job's pure detector once it exists in ``pipeline/``.
+Nothing is stood in for. The simulated send results are what the producers' hooks write to Kafka
+(keyed by broker, one partition per key, offsets in write order); the streaming job reads those
+stamped up to ``t - --lag-s`` at a cycle at ``t``, in micro-batches of ``stream.trigger_interval_s``
+of event time, and runs the real fault step on them (:func:`pipeline.faults.fleet_step`, with the
+job's watermark delay ``stream.watermark_delay_s``). Every row the step appends to
+``producer_fault_windows``, ``broker_fault_episodes`` and ``broker_health`` is kept as an Arrow table
+of the table's own schema, and the publisher reduces them as it reduces the Delta tables
+(:func:`pipeline.policy.inputs.build_snapshot`: latest revision per id), then runs
+:func:`pipeline.publish.cycle.recommend` and :func:`~pipeline.publish.cycle.validate`; the previous
+list comes from the history and cycle rows a published cycle appends
+(:func:`pipeline.policy.inputs.previous_state`). The publisher's read filters (``broker_seen_s``,
+``repeat_period_s`` back) cannot exclude anything in a run this short and are not applied.
+
+How early the feed can act is therefore set by the pipeline, not by this script: an episode is
+decided at grid points the watermark has passed (``watermark_delay_s`` behind the newest event the
+job has read, itself ``--lag-s`` behind the cycle), but it is written as "suspected" as soon as the
+rules hold on the events read so far, and the policy acts on a suspected episode as on an open one.
+Its row also counts the cluster's brokers, so the share cap has its denominator before the first
+health minute is final.
 
 Run: ``.venv/bin/python bench/effectiveness.py [--versions 5.3.3] [--outage-s 60]``.
 """
@@ -28,35 +41,36 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import Config
-from pipeline.policy import (
-    AVOID,
-    Avoiding,
-    Decision,
-    Episode,
-    Health,
-    PreviousEntry,
-    PreviousState,
-    Snapshot,
-    decide,
-)
+from pipeline.faults import FleetState, fleet_step, from_send_results
+from pipeline.policy import AVOID, Decision, PreviousState
+from pipeline.policy.inputs import build_snapshot, previous_state
 from pipeline.producer import FeedAwareSelector, FeedState, apply_message, avoided_brokers
+from pipeline.publish.cycle import AVOIDANCE_STEP, CycleInput, cycle_row, history_rows, recommend, validate
+from pipeline.publish.gate import GateResult
 from pipeline.publish.wire import encode, messages
 from pipeline.simulate import Simulation, load_scenario
 from pipeline.simulate.producers import TracedSelector
 from pipeline.simulate.scenario import FaultSpec, ProducerSpec, Scenario
+from schemas.events import SendResult
+from schemas.tables import table
 
 S = 1000
 MODES = ("off", "local", "local+feed")
 # SendResult row positions (pipeline/simulate/producers.py builds rows in SendResult field order).
 TS, CLIENT, BROKER, STATUS, LATENCY, ATTEMPT = 1, 4, 7, 9, 10, 13
+FAULT_TABLES = {"windows": "producer_fault_windows", "episodes": "broker_fault_episodes",
+                "health": "broker_health"}
 
 
 class FedTracedSelector(TracedSelector, FeedAwareSelector):
@@ -73,112 +87,80 @@ def bench_scenario(version: str, fault_tolerance: bool, producers: int, outage_s
 
 
 @dataclass
-class Second:
-    """Sends seen in one second of event time: who sent, and per broker sends and failures."""
-
-    clients: set[str] = field(default_factory=set)
-    sends: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    failures: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-
-@dataclass
 class Pipeline:
-    """What the streaming job would have written by now, kept incrementally from the event rows."""
+    """The streaming job's fault step over the simulated Kafka topic, and the rows it has appended."""
 
     cfg: Config
     lag_ms: int
-    seconds: dict[int, Second] = field(default_factory=lambda: defaultdict(Second))
-    # per broker: [opened_ms, closed_ms | None, last_bad_ms, peak_avoiding, active]
-    episodes: dict[str, list[list[Any]]] = field(default_factory=lambda: defaultdict(list))
-    sampled_ms: int | None = None
+    partitions: int = 4
+    fleet: FleetState = field(default_factory=FleetState)
+    unread: list[list[Any]] = field(default_factory=list)  # send-result rows in Kafka, not read yet
+    offsets: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    appended: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in FAULT_TABLES})
+    steps: int = 0
 
     def add(self, rows: list[list[Any]]) -> None:
-        for r in rows:
-            sec = self.seconds[r[TS] // S]
-            sec.clients.add(r[CLIENT])
-            sec.sends[r[BROKER]] += 1
-            if r[STATUS] == "FAILED":
-                sec.failures[r[BROKER]] += 1
+        """Rows the producers' hooks wrote (in write order)."""
+        self.unread += rows
 
-    def totals(self, broker: str, from_ms: int, to_ms: int) -> tuple[int, int, set[str]]:
-        """Sends and failures to ``broker`` and the active clients, in seconds ``[from, to]``."""
-        sends = failures = 0
-        clients: set[str] = set()
-        for s in range(from_ms // S, to_ms // S + 1):
-            sec = self.seconds.get(s)
-            if sec is not None:
-                sends += sec.sends.get(broker, 0)
-                failures += sec.failures.get(broker, 0)
-                clients |= sec.clients
-        return sends, failures, clients
+    def catch_up(self, t: int) -> None:
+        """Run the fault step over every event stamped up to ``t - lag`` not read yet, one micro-batch
+        per ``stream.trigger_interval_s`` of event time, each with its Kafka coordinates."""
+        seen = t - self.lag_ms
+        now, later = [r for r in self.unread if r[TS] <= seen], [r for r in self.unread if r[TS] > seen]
+        self.unread = later
+        trigger = int(self.cfg.stream.trigger_interval_s * S)
+        delay = int(self.cfg.stream.watermark_delay_s * S)
+        by_batch: dict[int, list[list[Any]]] = defaultdict(list)
+        for r in now:
+            by_batch[r[TS] // trigger].append(r)
+        for k in sorted(by_batch):
+            rows = by_batch[k]
+            parts = [zlib.crc32(r[BROKER].encode()) % self.partitions for r in rows]
+            offs = []
+            for p in parts:
+                offs.append(self.offsets[p])
+                self.offsets[p] += 1
+            events = from_send_results([SendResult(*r) for r in rows], partitions=parts, offsets=offs)
+            read_at = (k + 1) * trigger + self.lag_ms  # when the job got to this batch
+            self.fleet, out = fleet_step(self.fleet, events, self.cfg.faults, delay, read_at)
+            for key in FAULT_TABLES:
+                self.appended[key] += getattr(out, key)
+            self.steps += 1
 
-    def bad_at(self, windows: list[Any], broker: str, t: int) -> tuple[bool, int, int]:
-        """The quorum or failure-rate outlier rule of ``[faults]`` at ``t``."""
-        f = self.cfg.faults
-        sends, failures, active = self.totals(broker, t - int(f.active_producer_window_s * S), t)
-        avoiding = {w.client_id for w in windows if w.broker_name == broker and w.start_ms <= t < w.end_ms}
-        quorum = len(avoiding) >= f.quorum_min_producers and len(avoiding) >= f.quorum_share * max(1, len(active))
-        outlier = sends >= f.outlier_min_sends and failures / sends >= f.outlier_failure_rate
-        return quorum or outlier, len(avoiding), len(active)
-
-    def episodes_at(self, sim: Simulation, brokers: list[str], t: int, cluster: str) -> list[Episode]:
-        """The episodes as of ``t``, the rules sampled every second since the previous call."""
-        windows = sim.client_windows()
-        close_after = int(self.cfg.faults.episode_close_after_s * S)
-        start = sim.epoch_ms if self.sampled_ms is None else self.sampled_ms + S
-        out = []
-        for broker in brokers:
-            eps = self.episodes[broker]
-            for s in range(start, t + 1, S):
-                bad, avoiding, active = self.bad_at(windows, broker, s)
-                if bad and (not eps or eps[-1][1] is not None):
-                    eps.append([s, None, s, avoiding, active])
-                elif bad:
-                    eps[-1][2:] = [s, max(avoiding, eps[-1][3]), active]
-                elif eps and eps[-1][1] is None and s - eps[-1][2] >= close_after:
-                    eps[-1][1] = s
-            out += [self._episode(cluster, broker, e, t) for e in eps]
-        self.sampled_ms = t
-        return out
-
-    def _episode(self, cluster: str, broker: str, e: list[Any], t: int) -> Episode:
-        opened, closed, last_bad, peak, active = e
-        sends, failures, _ = self.totals(broker, opened, closed or t)
-        return Episode(f"{cluster}|{broker}|{opened}", cluster, broker, opened, closed,
-                       "open" if closed is None else "closed", "quorum", peak, active, sends, failures,
-                       3000.0, closed or last_bad)
-
-    def health_at(self, brokers: list[str], t: int, cluster: str) -> list[Health]:
-        """The last complete minute before ``t``, per broker (p99 is not modelled here: 0)."""
-        minute = (t // 60_000 - 1) * 60_000
-        out = []
-        for broker in brokers:
-            n, bad, clients = self.totals(broker, minute, minute + 60_000 - 1)
-            out.append(Health(cluster, broker, minute, n, bad, bad / n if n else 0.0, 0.0, len(clients), 0))
-        return out
+    def tables(self) -> dict[str, pa.Table]:
+        """Every row appended so far, per table, with the Delta table's schema."""
+        return {key: pa.Table.from_pylist(self.appended[key], schema=table(name).arrow_schema())
+                for key, name in FAULT_TABLES.items()}
 
 
-def publisher_cycle(
-    pipe: Pipeline, sim: Simulation, t: int, previous: PreviousState, cfg: Config, gate: bool
-) -> tuple[Decision, bool]:
-    """One cycle at simulated time ``t`` over what the pipeline knew at ``t - lag``."""
-    seen = t - pipe.lag_ms
-    cluster = sim.producers[0].cluster
-    brokers = sorted(sim.model.names)
-    eps = pipe.episodes_at(sim, brokers, seen, cluster)
-    avoiding = defaultdict(set)
-    for w in sim.client_windows():
-        if w.start_ms <= seen < w.end_ms:
-            avoiding[w.broker_name].add(w.client_id)
-    snapshot = Snapshot(t, tuple(eps), tuple(pipe.health_at(brokers, seen, cluster)),
-                        tuple(Avoiding(cluster, b, len(c)) for b, c in sorted(avoiding.items())), seen)
-    decision = decide(snapshot, previous, t, cfg.policy)
-    ok = True
-    if gate:
-        from pipeline.publish.gate import run_gate
+@dataclass
+class Publisher:
+    """The publisher's cycle over the pipeline's tables, and what it has appended itself."""
 
-        ok = run_gate(snapshot, decision, cfg.policy).success
-    return decision, ok
+    cfg: Config
+    gate: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+    cycles: list[dict[str, Any]] = field(default_factory=list)
+
+    def previous(self) -> PreviousState:
+        return previous_state(
+            pa.Table.from_pylist(self.history, schema=table("avoidance_recommendations").arrow_schema()),
+            pa.Table.from_pylist(self.cycles, schema=table("publisher_cycles").arrow_schema()),
+        )
+
+    def cycle(self, pipe: Pipeline, t: int, number: int) -> tuple[CycleInput, Decision, bool]:
+        """One cycle at simulated time ``t``: load, recommend, validate; record it when it passes."""
+        pipe.catch_up(t)
+        tabs = pipe.tables()
+        snapshot = build_snapshot(tabs["episodes"], tabs["health"], tabs["windows"], t)
+        inp = CycleInput(number, t, snapshot, self.previous())
+        decision = recommend(inp, self.cfg)
+        ok = validate(inp, decision, self.cfg).success if self.gate else GateResult(True).success
+        if ok:
+            self.history += history_rows(decision, inp.cycle_id)
+            self.cycles.append(cycle_row(self.cfg, inp, decision, AVOIDANCE_STEP, "published"))
+        return inp, decision, ok
 
 
 @dataclass
@@ -228,29 +210,32 @@ def run(version: str, mode: str, args: argparse.Namespace, cfg: Config) -> Count
             )
             new.trace = old.trace
             p.selector = new
-    pipe = Pipeline(cfg, int(args.lag_s * S))
+    pipe = Pipeline(cfg, int(args.lag_s * S), partitions=cfg.kafka.partitions)
+    publisher = Publisher(cfg, args.gate)
     cycle_ms = int(args.cycle_s * S)
     next_cycle = sim.epoch_ms + cycle_ms
-    previous = PreviousState()
     first_published: int | None = None
     per_client: dict[str, list[tuple[int, int, bool]]] = defaultdict(list)
     for batch in sim.batches():
         for r in batch.send_result:
             per_client[r[CLIENT]].append((r[TS], r[ATTEMPT], r[STATUS] == "FAILED"))
+        if mode != "local+feed":
+            continue
         pipe.add(batch.send_result)
-        if mode == "local+feed" and batch.end_ms >= next_cycle and not sim.done:
-            decision, ok = publisher_cycle(pipe, sim, next_cycle, previous, cfg, gate=args.gate)
+        if batch.end_ms >= next_cycle and not sim.done:
+            inp, decision, ok = publisher.cycle(pipe, next_cycle, next_cycle // cycle_ms)
             if ok:
-                for _, m in messages(decision, str(next_cycle // cycle_ms)):
+                for _, m in messages(decision, inp.cycle_id):
                     holder["state"] = apply_message(holder["state"], encode(m))
-                previous = PreviousState(str(next_cycle // cycle_ms), decision.decided_ms, tuple(
-                    PreviousEntry(r.cluster, r.broker_name, r.action, r.avoid_until_ms, r.decided_ms, r.reason)
-                    for r in decision.recommendations()))
                 if first_published is None:
                     first_published = next_cycle
-                if args.verbose:
-                    print(f"    cycle at {(next_cycle - sim.epoch_ms) / S:.0f}s: avoid "
-                          f"{[(r.broker_name, (r.avoid_until_ms - sim.epoch_ms) / S) for r in decision.recommendations() if r.action == AVOID]}")
+            if args.verbose:
+                snap = inp.snapshot
+                print(f"    cycle at {(next_cycle - sim.epoch_ms) / S:.0f}s "
+                      f"({'published' if ok else 'rejected'}): tables up to "
+                      f"{(snap.freshest_ms - sim.epoch_ms) / S if snap.freshest_ms else float('nan'):.0f}s, "
+                      f"episodes {[(e.broker_name, e.state, (e.opened_ms - sim.epoch_ms) / S) for e in snap.episodes]}, "
+                      f"avoid {[(r.broker_name, (r.avoid_until_ms - sim.epoch_ms) / S) for r in decision.recommendations() if r.action == AVOID]}")
             next_cycle += cycle_ms
     cut = first_published if first_published is not None else sim.epoch_ms + cycle_ms
     out = count(per_client, cut)
@@ -265,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outage-s", type=float, default=60.0, help="broker-b outage length (scenario: 60)")
     p.add_argument("--cycle-s", type=float, default=60.0, help="publisher interval in simulated time")
     p.add_argument("--lag-s", type=float, default=10.0, help="how far behind the pipeline's tables are")
+    p.add_argument("--watermark-delay-s", type=float, default=None,
+                   help="the streaming job's stream.watermark_delay_s (default: the configured one)")
     p.add_argument("--no-gate", dest="gate", action="store_false", help="skip the GX gate (faster)")
     p.add_argument("--policy", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override [policy] keys, e.g. base_avoid_s=60 hysteresis_s=100")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     cfg = Config().replace(**{f"policy__{k}": float(v) for k, v in (kv.split("=", 1) for kv in args.policy)})
+    if args.watermark_delay_s is not None:
+        cfg = cfg.replace(stream__watermark_delay_s=args.watermark_delay_s)
     print(f"broker-outage: {args.producers} producers, broker-b down {args.outage_s:.0f}s from 30s; "
-          f"publisher every {args.cycle_s:.0f}s (simulated), tables {args.lag_s:.0f}s behind")
+          f"publisher every {args.cycle_s:.0f}s (simulated), the job reads {args.lag_s:.0f}s behind, "
+          f"watermark delay {cfg.stream.watermark_delay_s:.0f}s")
     goal_met = True
     for version in args.versions:
         print(f"\nclient {version}")

@@ -26,7 +26,7 @@ class DemoSnapshot:
 
     @property
     def open_episodes(self) -> list[dict[str, Any]]:
-        return [e for e in self.episodes if e["state"] == "open"]
+        return [e for e in self.episodes if e["state"] in ("open", "suspected")]
 
     @property
     def lagging_groups(self) -> list[dict[str, Any]]:
@@ -46,7 +46,8 @@ def take_snapshot(root: str) -> DemoSnapshot:
     snap.quarantined = read_table(root, "quarantine", columns=["reason"]).num_rows
     episodes = read_table(root, "broker_fault_episodes")
     if episodes.num_rows:
-        snap.episodes = sorted(latest_revision(episodes, "episode_id").to_pylist(), key=lambda e: e["opened_ms"])
+        current = [e for e in latest_revision(episodes, "episode_id").to_pylist() if e["state"] != "withdrawn"]
+        snap.episodes = sorted(current, key=lambda e: e["opened_ms"])
     windows = read_table(root, "producer_fault_windows", columns=["window_id", "cluster", "broker_name", "state", "revision", "client_id"])
     open_windows: dict[tuple[str, str], set[str]] = {}
     if windows.num_rows:

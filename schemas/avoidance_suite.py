@@ -78,7 +78,7 @@ def episode_expectations(cfg: PolicyConfig) -> list[Any]:
     return [
         *_not_null(gxe, "episode_id", "cluster", "broker_name", "opened_ms", "state", "updated_ms"),
         gxe.ExpectColumnValuesToBeUnique(column="episode_id"),
-        gxe.ExpectColumnValuesToBeInSet(column="state", value_set=["open", "closed"]),
+        gxe.ExpectColumnValuesToBeInSet(column="state", value_set=["suspected", "open", "closed"]),
         gxe.ExpectColumnValuesToBeInSet(column="close_consistent", value_set=[True]),
         gxe.ExpectColumnValuesToBeBetween(column="opened_ahead_ms", max_value=MAX_CLOCK_SKEW_MS),
         gxe.ExpectColumnValuesToBeBetween(column="sends", min_value=0),

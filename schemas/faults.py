@@ -59,7 +59,13 @@ BROKER_FAULT_EPISODES = TableSpec(
         Field("broker_name", "string"),
         Field("opened_ms", "int64"),
         Field("closed_ms", "int64", nullable=True),
-        Field("state", "string", enum=("open", "closed")),
+        Field(
+            "state",
+            "string",
+            enum=("suspected", "open", "closed", "withdrawn"),
+            doc="suspected: the rules hold on the events read so far, ahead of the watermark; open/closed: "
+            "decided at a grid point the watermark has passed; withdrawn: a suspicion the decision did not confirm",
+        ),
         Field(
             "reason",
             "string",
@@ -75,6 +81,12 @@ BROKER_FAULT_EPISODES = TableSpec(
         Field("dominant_error", "string", nullable=True, doc="most frequent error class while open"),
         Field("revision", "int32"),
         Field("updated_ms", "int64", doc="event-time grid point of the change this row records"),
+        Field(
+            "cluster_brokers",
+            "int32",
+            doc="brokers of the cluster with sends in the last active_producer_window_s at updated_ms "
+            "(the share cap's denominator before any health minute is final)",
+        ),
     ),
 )
 

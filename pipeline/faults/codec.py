@@ -48,6 +48,7 @@ def encode_state(state: FaultState) -> tuple[Any, ...]:
     """(version, header JSON, pairs, log, windows, episodes) of one cluster."""
     header = {name: getattr(state, name) for name in _SCALARS}
     header.update({name: list(getattr(state, name)) for name in _NAMES})
+    header["suspects"] = [list(x) for x in state.suspects]
     blobs = [_to_ipc(getattr(state, name), schema) for name, schema in _TABLES]
     return (STATE_VERSION, json.dumps(header), *blobs)
 
@@ -64,6 +65,7 @@ def decode_state(row: tuple[Any, ...]) -> FaultState:
     return FaultState(
         **{name: header[name] for name in _SCALARS},
         **{name: tuple(header[name]) for name in _NAMES},
+        suspects=tuple((int(b), int(o), int(r), bool(a), str(why)) for b, o, r, a, why in header.get("suspects", [])),
         **tables,
     )
 

@@ -228,7 +228,10 @@ def advance_episode(ep: Episode | None, b: int, t: int, reason: str | None, p: P
     return ep, None
 
 
-def episode_row(ep: Episode, cluster: str, brokers: tuple[str, ...], updated_ms: int) -> dict[str, Any]:
+def episode_row(
+    ep: Episode, cluster: str, brokers: tuple[str, ...], updated_ms: int, cluster_brokers: int, state: str | None = None
+) -> dict[str, Any]:
+    """One ``broker_fault_episodes`` row; ``state`` overrides open/closed (suspected, withdrawn)."""
     dominant = None
     if ep.errors:
         dominant = min(ep.errors.items(), key=lambda kv: (-kv[1], kv[0]))[0]
@@ -239,7 +242,7 @@ def episode_row(ep: Episode, cluster: str, brokers: tuple[str, ...], updated_ms:
         "broker_name": broker,
         "opened_ms": ep.opened,
         "closed_ms": ep.closed,
-        "state": "open" if ep.closed is None else "closed",
+        "state": state or ("open" if ep.closed is None else "closed"),
         "reason": ep.reason,
         "peak_avoiding_share": ep.peak_share,
         "peak_avoiding_producers": ep.peak_avoiding,
@@ -250,6 +253,7 @@ def episode_row(ep: Episode, cluster: str, brokers: tuple[str, ...], updated_ms:
         "dominant_error": dominant,
         "revision": ep.revision,
         "updated_ms": updated_ms,
+        "cluster_brokers": cluster_brokers,
     }
 
 

@@ -29,13 +29,13 @@ WindowKey = tuple[str, str, str, str, int, int]  # cluster, group, client, broke
 
 
 def current_view(rows: Iterable[Mapping[str, Any]], key: str = "window_id") -> list[dict[str, Any]]:
-    """The latest revision per ``key``; retracted windows are left out."""
+    """The latest revision per ``key``; retracted windows and withdrawn episodes are left out."""
     latest: dict[Any, dict[str, Any]] = {}
     for row in rows:
         k = row[key]
         if k not in latest or row["revision"] > latest[k]["revision"]:
             latest[k] = dict(row)
-    return [r for r in latest.values() if r.get("state") != "retracted"]
+    return [r for r in latest.values() if r.get("state") not in ("retracted", "withdrawn")]
 
 
 def window_keys(rows: Iterable[Mapping[str, Any]], fault_enable: bool | None = None) -> list[WindowKey]:

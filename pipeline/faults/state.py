@@ -17,6 +17,7 @@ after a crash produces the same rows. Order of work:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +31,8 @@ from pipeline.faults.frame import Cols, concat, empty, nrows, take
 from schemas.events import SEND_STATUSES
 
 NONE = -1
+# A suspected episode: (broker code, opened grid point, revision of its last row, still suspected, reason).
+Suspect = tuple[int, int, int, bool, str]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class FaultState:
     log: Cols = field(default_factory=lambda: empty(pairs.LOG_SCHEMA))
     windows: Cols = field(default_factory=lambda: empty(windows.WINDOW_SCHEMA))
     episodes: Cols = field(default_factory=lambda: empty(ep_mod.EPISODE_SCHEMA))
+    suspects: tuple[Suspect, ...] = ()  # episodes suspected ahead of the watermark, until it decides them
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,8 @@ def initial_state(cluster: str) -> FaultState:
 
 
 def is_empty(state: FaultState) -> bool:
-    return not (nrows(state.pairs) or nrows(state.log) or nrows(state.windows) or nrows(state.episodes))
+    return not (nrows(state.pairs) or nrows(state.log) or nrows(state.windows) or nrows(state.episodes)
+                or state.suspects)
 
 
 def stats_of(state: FaultState) -> dict[str, int]:
@@ -156,12 +161,12 @@ def step(
         np.maximum.at(last_end, pos[known], wins["end"][known])
         table["last_window_end"] = np.maximum(table["last_window_end"], last_end)
     next_minute, health_rows = _health(state, log, wins, settle, brokers, errors, cfg)
-    last_tick, episodes, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
+    last_tick, episodes, suspects, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
     table, log, wins = _forget(table, log, wins, wm, settle, next_minute, last_tick, cfg)
     out_state = replace(
         state, watermark_ms=settle, next_serial=state.next_serial + nrows(new), next_pair=next_pair,
         next_minute=next_minute, last_tick=last_tick, brokers=brokers, versions=versions, errors=errors,
-        pairs=table, log=log, windows=wins, episodes=episodes,
+        pairs=table, log=log, windows=wins, episodes=episodes, suspects=suspects,
     )
     outputs = FaultOutputs(changes.rows, episode_rows, health_rows, quarantine,
                            _wakeup(out_state, cfg), stats_of(out_state))
@@ -188,22 +193,52 @@ def _health(
 def _episodes(
     state: FaultState, log: Cols, wins: Cols, wm: int, brokers: tuple[str, ...], errors: tuple[str, ...],
     cfg: FaultsConfig,
-) -> tuple[int, Cols, list[dict[str, Any]]]:
+) -> tuple[int, Cols, tuple[Suspect, ...], list[dict[str, Any]]]:
+    """Decide the grid points up to the watermark; then look ahead at the events read so far.
+
+    Returns (last decided grid point, open episodes, suspicions, episode rows to append).
+    """
     interval = int(cfg.evaluation_interval_s * 1000)
     last = state.last_tick
     if last == NONE:
         if not nrows(log):
-            return NONE, state.episodes, []
+            return NONE, state.episodes, state.suspects, []
         last = ((int(log["ts"].min()) - 1) // interval) * interval
-    top = (wm // interval) * interval
-    if top <= last:
-        return last, state.episodes, []
+    top = max(last, (wm // interval) * interval)
     open_eps = ep_mod.episodes_from_table(state.episodes)
+    closed = _evaluate_grid(open_eps, log, wins, last, top, errors, cfg)
+    rows = []
+    # a confirmed episode continues the revisions of its suspicion (same id, same opening point)
+    suspected = {(b, opened): rev for b, opened, rev, _, _ in state.suspects}
+    for e in [*closed, *open_eps.values()]:
+        if e.revision == 0 and (e.broker, e.opened) in suspected:
+            e.revision = suspected[(e.broker, e.opened)] + 1
+    for e in closed:
+        rows.append(ep_mod.episode_row(e, state.cluster, brokers, int(e.closed), _brokers_seen(log, int(e.closed), cfg)))
+        e.revision += 1
+    for b in sorted(open_eps):
+        e = open_eps[b]
+        if e.changed:
+            rows.append(ep_mod.episode_row(e, state.cluster, brokers, top, _brokers_seen(log, top, cfg)))
+            e.revision += 1
+            e.changed = False
+    suspects, early_rows = _look_ahead(state, log, wins, top, open_eps, closed, brokers, errors, cfg)
+    return top, ep_mod.episodes_to_table(open_eps), suspects, rows + early_rows
+
+
+def _evaluate_grid(
+    open_eps: dict[int, ep_mod.Episode], log: Cols, wins: Cols, last: int, top: int, errors: tuple[str, ...],
+    cfg: FaultsConfig,
+) -> list[ep_mod.Episode]:
+    """Evaluate the grid points in ``(last, top]`` that can matter; ``open_eps`` is updated in place."""
+    if top <= last:
+        return []
+    interval = int(cfg.evaluation_interval_s * 1000)
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
     in_range = log["ts"] > last - reach
     live = (wins["end"] > last) & (wins["start"] <= top)
     if not open_eps and not in_range.any() and not live.any():
-        return top, state.episodes, []
+        return []
     slack = int(cfg.episode_close_after_s * 1000) + interval
     spans_from = np.concatenate([log["ts"][in_range], wins["start"][live]])
     spans_to = np.concatenate([log["ts"][in_range] + reach, wins["end"][live]]) + slack
@@ -212,18 +247,65 @@ def _episodes(
                               last, top, interval)
     recent = take(log, in_range & (log["ts"] <= top))
     involved = set(recent["broker"].tolist()) | set(wins["broker"][live].tolist()) | set(open_eps)
-    closed = ep_mod.evaluate(open_eps, ticks, recent, take(wins, live), sorted(involved), errors, cfg)
-    rows = []
-    for e in closed:
-        rows.append(ep_mod.episode_row(e, state.cluster, brokers, int(e.closed)))
-        e.revision += 1
-    for b in sorted(open_eps):
-        e = open_eps[b]
-        if e.changed:
-            rows.append(ep_mod.episode_row(e, state.cluster, brokers, top))
-            e.revision += 1
-            e.changed = False
-    return top, ep_mod.episodes_to_table(open_eps), rows
+    return ep_mod.evaluate(open_eps, ticks, recent, take(wins, live), sorted(involved), errors, cfg)
+
+
+def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
+    """Brokers of the cluster with a send in ``(t - active_producer_window_s, t]``."""
+    since = t - int(cfg.active_producer_window_s * 1000)
+    seen = (log["ts"] > since) & (log["ts"] <= t)
+    return len(set(log["broker"][seen].tolist()))
+
+
+def _look_ahead(
+    state: FaultState, log: Cols, wins: Cols, top: int, open_eps: dict[int, ep_mod.Episode],
+    closed: list[ep_mod.Episode], brokers: tuple[str, ...], errors: tuple[str, ...], cfg: FaultsConfig,
+) -> tuple[tuple[Suspect, ...], list[dict[str, Any]]]:
+    """Suspicions: episodes the rules open at grid points after the watermark, on the events so far.
+
+    The watermark waits ``stream.watermark_delay_s`` for late events before a grid point is decided;
+    a broker that just went down should not wait that long to be reported. So the grid points up to
+    the newest event are evaluated too, on a copy: an episode opening there is written as
+    "suspected" (same id the decision will use). When the watermark reaches its grid point, the
+    decision either confirms it (its "open" row follows with a higher revision) or not (a
+    "withdrawn" row). Nothing else depends on a suspicion: batching never changes what is decided.
+    """
+    interval = int(cfg.evaluation_interval_s * 1000)
+    head = ((int(log["ts"].max()) if nrows(log) else top) // interval) * interval
+    ahead: dict[int, ep_mod.Episode] = {}
+    if head > top:
+        early = copy.deepcopy(open_eps)
+        _evaluate_grid(early, log, wins, top, head, errors, cfg)
+        ahead = {b: e for b, e in early.items() if b not in open_eps and e.opened > top}
+    decided = {(e.broker, e.opened) for e in [*closed, *open_eps.values()]}
+    rows: list[dict[str, Any]] = []
+    kept: list[Suspect] = []
+    seen_at = _brokers_seen(log, head, cfg)
+
+    def withdraw(b: int, opened: int, rev: int, reason: str, at: int) -> None:
+        gone = ep_mod.Episode(b, opened, opened, reason, closed=opened, revision=rev + 1)
+        rows.append(ep_mod.episode_row(gone, state.cluster, brokers, at, seen_at, state="withdrawn"))
+
+    for b, opened, rev, active, reason in state.suspects:
+        if opened <= top:  # decided now: confirmed (revisions continue above) or withdrawn
+            if active and (b, opened) not in decided:
+                withdraw(b, opened, rev, reason, top)
+            continue
+        still = b in ahead and ahead[b].opened == opened
+        if active and not still:  # newer events no longer bear it out (it may come back)
+            withdraw(b, opened, rev, reason, head)
+            rev += 1
+        elif still and not active:
+            ahead[b].revision = rev + 1
+            rows.append(ep_mod.episode_row(ahead[b], state.cluster, brokers, head, seen_at, state="suspected"))
+            rev += 1
+        kept.append((b, opened, rev, still, ahead[b].reason if still else reason))
+    known = {(k[0], k[1]) for k in kept}
+    for b, e in sorted(ahead.items()):
+        if (b, e.opened) not in known:
+            rows.append(ep_mod.episode_row(e, state.cluster, brokers, head, seen_at, state="suspected"))
+            kept.append((b, e.opened, e.revision, True, e.reason))
+    return tuple(kept), rows
 
 
 def _forget(
@@ -270,6 +352,8 @@ def _wakeup(state: FaultState, cfg: FaultsConfig) -> int | None:
             candidates.append(state.last_tick + int(cfg.evaluation_interval_s * 1000))
     if nrows(state.episodes) and state.last_tick != NONE:
         candidates.append(state.last_tick + int(cfg.evaluation_interval_s * 1000))
+    if state.suspects:  # the watermark reaching a suspicion's grid point decides it
+        candidates.append(min(opened for _, opened, _, _, _ in state.suspects))
     provisional = ~state.windows["final"]
     if provisional.any():
         candidates.append(int(state.windows["end"][provisional].min()))

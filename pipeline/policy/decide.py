@@ -65,6 +65,17 @@ def known_brokers(
     return names
 
 
+def brokers_known(
+    snapshot: Snapshot, previous: PreviousState, cluster: str, now_ms: int, cfg: PolicyConfig
+) -> int:
+    """The share cap's denominator: the brokers known by name, or, if more, the brokers the streaming
+    job saw sending when it wrote a relevant episode row. Until a health minute is final (the
+    watermark delay plus a minute after the job first sees a cluster) the names alone would count
+    only the failing brokers and the cap would keep every one of them available."""
+    counted = [e.cluster_brokers for e in relevant_episodes(snapshot, now_ms, cfg) if e.cluster == cluster]
+    return max(len(known_brokers(snapshot, previous, cluster, now_ms, cfg)), *counted, 0)
+
+
 def broker_views(
     snapshot: Snapshot, previous: PreviousState, cluster: str, now_ms: int, cfg: PolicyConfig
 ) -> list[BrokerView]:
@@ -116,7 +127,7 @@ def decide_cluster(
     snapshot: Snapshot, previous: PreviousState, cluster: str, now_ms: int, cfg: PolicyConfig
 ) -> ClusterDecision:
     views = broker_views(snapshot, previous, cluster, now_ms, cfg)
-    brokers = len(known_brokers(snapshot, previous, cluster, now_ms, cfg))
+    brokers = brokers_known(snapshot, previous, cluster, now_ms, cfg)
     candidates = []
     for view in views:
         verdict = combine([rule(view, now_ms, cfg) for rule in RULES])

@@ -24,6 +24,7 @@ from pipeline.policy.model import (
 EPISODE_COLUMNS = [
     "episode_id", "cluster", "broker_name", "opened_ms", "closed_ms", "state", "reason",
     "peak_avoiding_producers", "active_producers", "sends", "failures", "p99_latency_ms", "updated_ms",
+    "cluster_brokers",
 ]
 HEALTH_COLUMNS = [
     "cluster", "broker_name", "minute_ms", "sends", "failures", "failure_rate", "latency_p99_ms",
@@ -36,8 +37,9 @@ WINDOW_COLUMNS = [
 
 
 def current_episodes(table: pa.Table) -> list[Episode]:
+    """The current revision of every episode; withdrawn suspicions never happened and are left out."""
     rows = latest_revision(table, "episode_id").select(EPISODE_COLUMNS).to_pylist()
-    return [Episode(**r) for r in rows]
+    return [Episode(**r) for r in rows if r["state"] != "withdrawn"]
 
 
 def latest_health(table: pa.Table) -> list[Health]:

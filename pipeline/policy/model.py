@@ -32,10 +32,12 @@ class Episode:
     failures: int
     p99_latency_ms: float
     updated_ms: int
+    cluster_brokers: int = 0  # brokers of the cluster seen sending when the row was written
 
     @property
     def is_open(self) -> bool:
-        return self.state == "open"
+        """Open, or suspected: the rules hold on the events read so far, ahead of the watermark."""
+        return self.state in ("open", "suspected")
 
     def end_ms(self, now_ms: int) -> int:
         """When the broker was last seen faulty in this episode: its close, or now while open."""

@@ -114,7 +114,7 @@ def already_done(cfg: Config, cycle_number: int, step: str = AVOIDANCE_STEP) -> 
     return version is not None and version >= cycle_number
 
 
-def _cycle_row(
+def cycle_row(
     cfg: Config, inp: CycleInput, decision: Decision | None, step: str, status: str, **kw: Any
 ) -> dict[str, Any]:
     recs = decision.recommendations() if decision is not None else []
@@ -158,7 +158,7 @@ def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) 
     if rows:
         sinks.append_once(root, "avoidance_recommendations", rows, app_id, inp.cycle_number)
     sinks.append_once(
-        root, "publisher_cycles", [_cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
+        root, "publisher_cycles", [cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
     )
     log.info("cycle %s published %d cluster list(s), %d avoided", inp.cycle_id, len(msgs),
              sum(len(c.avoided()) for c in decision.clusters))
@@ -173,7 +173,7 @@ def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -
         inp.cycle_id, inp.now_ms, gate.failed, [c.cluster for c in decision.clusters], inp.previous.cycle_id
     )
     sinks.send_records(cfg, cfg.topics.alerts, [(key, alerts.encode_alert(alert))])
-    row = _cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "rejected", failed_checks=list(gate.failed), alerts=1)
+    row = cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "rejected", failed_checks=list(gate.failed), alerts=1)
     sinks.append_once(cfg.storage.root, "publisher_cycles", [row], cfg.publish.app_id, inp.cycle_number)
     log.warning("cycle %s rejected by the gate: %s", inp.cycle_id, gate.summary())
     return {"cycle_id": inp.cycle_id, "status": "rejected", "failed_checks": list(gate.failed)}
@@ -199,7 +199,7 @@ def send_lag_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
     records = [(k, alerts.encode_alert(a)) for k, a in (alerts.lag_alert(r, inp.cycle_id) for r in rows)]
     sinks.send_records(cfg, cfg.topics.alerts, records)
     until = max([r["ts_ms"] for r in rows], default=since)
-    row = _cycle_row(cfg, inp, None, LAG_STEP, "sent", alerts=len(records), alerts_until_ms=until)
+    row = cycle_row(cfg, inp, None, LAG_STEP, "sent", alerts=len(records), alerts_until_ms=until)
     sinks.append_once(cfg.storage.root, "publisher_cycles", [row], lag_app_id(cfg), inp.cycle_number)
     return {"cycle_id": inp.cycle_id, "status": "sent", "alerts": len(records)}
 

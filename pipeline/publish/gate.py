@@ -80,7 +80,7 @@ def episodes_frame(snapshot: Snapshot) -> pd.DataFrame:
             "opened_ms": e.opened_ms, "closed_ms": e.closed_ms, "state": e.state, "updated_ms": e.updated_ms,
             "sends": e.sends, "failures": e.failures,
             # closed <=> has a close time no earlier than the open time
-            "close_consistent": (e.state == "open" and e.closed_ms is None)
+            "close_consistent": (e.is_open and e.closed_ms is None)
             or (e.state == "closed" and e.closed_ms is not None and e.closed_ms >= e.opened_ms),
             "opened_ahead_ms": e.opened_ms - snapshot.taken_ms,
         }

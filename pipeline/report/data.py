@@ -93,6 +93,8 @@ def _read(root: str, name: str, columns: list[str], since_ms: int | None) -> pd.
     key = _CURRENT_VIEW_KEY.get(name)
     if key is not None:
         table = latest_revision(table, key)
+        if "state" in table.column_names:  # rows that turned out never to have happened
+            table = table.filter(pc.invert(pc.is_in(table.column("state"), pa.array(["retracted", "withdrawn"]))))
     return table.to_pandas()
 
 

@@ -1,4 +1,8 @@
-"""Input tables for the DAG tests: a four-broker cluster with one open episode (b2)."""
+"""Inputs and readers shared by the DAG tests and the publisher's integration test.
+
+Delta rows of a four-broker cluster c1 (:func:`write_inputs`: one open episode, on b2) and a reader of
+what the publisher sent to a topic. ``tests/integration/test_publish.py`` imports them from here.
+"""
 
 from __future__ import annotations
 
@@ -23,32 +27,35 @@ def day(ms: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ms / 1000))
 
 
-def health(broker: str, now: int, failure_rate: float = 0.0) -> dict[str, Any]:
-    return {
+def health_row(broker: str, now: int, **kw: Any) -> dict[str, Any]:
+    """A healthy ``broker_health`` minute of cluster c1 (the minute before ``now``); ``kw`` overrides."""
+    row = {
         "cluster": "c1", "broker_name": broker, "minute_ms": now - 60 * S, "sends": 120, "failures": 0,
-        "failures_by_error": [], "failure_rate": failure_rate, "latency_p50_ms": 3.0, "latency_p95_ms": 8.0,
+        "failures_by_error": [], "failure_rate": 0.0, "latency_p50_ms": 3.0, "latency_p95_ms": 8.0,
         "latency_p99_ms": 12.0, "latency_max_ms": 40, "active_producers": 6, "producers_avoiding": 0,
         "event_date": day(now - 60 * S),
     }
+    row.update(kw)
+    return row
 
 
-def episode(broker: str, now: int) -> dict[str, Any]:
-    opened = now - 90 * S
+def episode_row(broker: str, opened: int, revision: int, now: int, closed: int | None = None) -> dict[str, Any]:
+    """One revision of a quorum episode of cluster c1: open, or closed at ``closed``."""
     return {
         "episode_id": f"c1|{broker}|{opened}", "cluster": "c1", "broker_name": broker, "opened_ms": opened,
-        "closed_ms": None, "state": "open", "reason": "quorum", "peak_avoiding_share": 0.8,
-        "peak_avoiding_producers": 5, "active_producers": 6, "sends": 300, "failures": 150,
-        "p99_latency_ms": 3000.0, "dominant_error": "RemotingTimeoutException", "revision": 0,
-        "updated_ms": now - 5 * S,
+        "closed_ms": closed, "state": "open" if closed is None else "closed", "reason": "quorum",
+        "peak_avoiding_share": 0.8, "peak_avoiding_producers": 5, "active_producers": 6, "sends": 300,
+        "failures": 150, "p99_latency_ms": 3000.0, "dominant_error": "RemotingTimeoutException",
+        "revision": revision, "updated_ms": closed or now - 5 * S, "cluster_brokers": 4,
     }
 
 
 def write_inputs(root: str, now: int, bad_rate_broker: str | None = None) -> None:
     """Fresh inputs; ``bad_rate_broker`` gets an impossible failure rate (the gate must refuse)."""
     write(root, "broker_health", [
-        health(b, now, failure_rate=1.7 if b == bad_rate_broker else 0.0) for b in ("b1", "b2", "b3", "b4")
+        health_row(b, now, failure_rate=1.7 if b == bad_rate_broker else 0.0) for b in ("b1", "b2", "b3", "b4")
     ])
-    write(root, "broker_fault_episodes", [episode("b2", now)])
+    write(root, "broker_fault_episodes", [episode_row("b2", now - 90 * S, 0, now)])
 
 
 def write_config(path: str, cfg: Any) -> str:
@@ -65,7 +72,10 @@ def write_config(path: str, cfg: Any) -> str:
 
 
 def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every record of ``topic`` up to each partition's high watermark (from fetch responses)."""
+    """Every record of ``topic`` in offset order per partition, up to each partition's high watermark.
+
+    The watermark comes from fetch responses (Tansu's offset lookups are wrong, ENVIRONMENT.md).
+    """
     import json
 
     from kafka import KafkaConsumer, TopicPartition

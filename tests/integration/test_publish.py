@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from conftest import unique_topics
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from pipeline.config import Config
 from pipeline.deltaio import latest_revision, read_table
@@ -20,41 +20,13 @@ from pipeline.publish import load_inputs, run_cycle
 from pipeline.publish.cycle import history_rows
 from pipeline.publish.sinks import safe_file_name
 from pipeline.publish.wire import encode, messages
-from schemas.tables import table
+
+# The row builders and the topic reader are shared with the DAG tests (tests/airflow is no package:
+# a folder named airflow must not shadow the real one).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "airflow"))
+from dag_inputs import S, day, episode_row, health_row, read_topic, write
 
 pytestmark = pytest.mark.kafka
-S = 1000
-
-
-def write(root: str, name: str, rows: list[dict[str, Any]]) -> None:
-    spec = table(name)
-    data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
-    write_deltalake(f"{root}/{name}", data, mode="append", partition_by=list(spec.partition_by) or None)
-
-
-def day(ms: int) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(ms / 1000))
-
-
-def health_row(broker: str, now: int, **kw: Any) -> dict[str, Any]:
-    row = {
-        "cluster": "c1", "broker_name": broker, "minute_ms": now - 60 * S, "sends": 120, "failures": 0,
-        "failures_by_error": [], "failure_rate": 0.0, "latency_p50_ms": 3.0, "latency_p95_ms": 8.0,
-        "latency_p99_ms": 12.0, "latency_max_ms": 40, "active_producers": 6, "producers_avoiding": 0,
-        "event_date": day(now - 60 * S),
-    }
-    row.update(kw)
-    return row
-
-
-def episode_row(broker: str, opened: int, revision: int, now: int, closed: int | None = None) -> dict[str, Any]:
-    return {
-        "episode_id": f"c1|{broker}|{opened}", "cluster": "c1", "broker_name": broker, "opened_ms": opened,
-        "closed_ms": closed, "state": "open" if closed is None else "closed", "reason": "quorum",
-        "peak_avoiding_share": 0.8, "peak_avoiding_producers": 5, "active_producers": 6, "sends": 300,
-        "failures": 150, "p99_latency_ms": 3000.0, "dominant_error": "RemotingTimeoutException",
-        "revision": revision, "updated_ms": closed or now - 5 * S,
-    }
 
 
 def window_row(client: str, broker: str, now: int, revision: int = 0) -> dict[str, Any]:
@@ -90,31 +62,6 @@ def write_inputs(root: str, now: int) -> None:
     write(root, "group_status", [lag_row(now)])
 
 
-def read_topic(cfg: Config, topic: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every record of ``topic`` in offset order per partition, up to each partition's high watermark.
-
-    The watermark comes from fetch responses (Tansu's offset lookups are wrong, ENVIRONMENT.md).
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka.bootstrap_servers, group_id=None, enable_auto_commit=False)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(parts)
-        consumer.seek_to_beginning()
-        out: list[tuple[str, dict[str, Any]]] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for recs in consumer.poll(timeout_ms=200).values():
-                out += [(r.key.decode(), json.loads(r.value)) for r in recs]
-            marks = [consumer.highwater(tp) for tp in parts]
-            if all(m is not None and consumer.position(tp) >= m for tp, m in zip(parts, marks)):
-                return out
-        raise AssertionError(f"could not read {topic} to its end")
-    finally:
-        consumer.close()
-
-
 def table_version(root: str, name: str) -> int | None:
     path = Path(root) / name
     return DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else None
@@ -140,7 +87,7 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     assert [(r.broker_name, r.action, r.avoid_until_ms - now, r.evidence.producers_avoiding)
             for r in c1.recommendations] == [("b2", "avoid", 100 * S, 3)]
     want = [(k, json.loads(encode(m))) for k, m in messages(expected, str(cycle))]
-    assert read_topic(pcfg, pcfg.topics.avoidance) == want
+    assert read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance) == want
     file = Path(pcfg.storage.publish_dir) / safe_file_name("c1")
     assert json.loads(file.read_bytes()) == want[0][1]
     assert read_table(root, "avoidance_recommendations").to_pylist() == history_rows(expected, str(cycle))
@@ -149,7 +96,7 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
         {"cycle_number": cycle, "step": "avoidance", "status": "published", "avoided": 1, "alerts": 0},
         {"cycle_number": cycle, "step": "lag_alerts", "status": "sent", "avoided": 0, "alerts": 1},
     ]
-    [(key, alert)] = read_topic(pcfg, pcfg.topics.alerts)
+    [(key, alert)] = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
     assert (key, alert["kind"], alert["details"]["consumer_group"], alert["cycle_id"]) == (
         "c1", "consumer_lag", "GID_orders", str(cycle))
 
@@ -168,8 +115,8 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     again = run_cycle(pcfg, cycle_number=cycle, at_ms=now + 5 * S)
     assert again.status == "skipped" and again.lag_alerts == 0
     assert {n: table_version(root, n) for n in versions} == versions
-    assert len(read_topic(pcfg, pcfg.topics.avoidance)) == 1
-    assert len(read_topic(pcfg, pcfg.topics.alerts)) == 1
+    assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)) == 1
+    assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)) == 1
 
     # Next cycle: the episode closed 50 s ago, probation (30 s) is over, but the published
     # avoidance (until now + 100 s) holds: hysteresis comes from the history table.
@@ -180,7 +127,7 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     [rec] = nxt.decision.recommendations()
     assert (nxt.status, rec.broker_name, rec.reason.split(":")[0], rec.avoid_until_ms) == (
         "published", "b2", "hysteresis", now + 100 * S)
-    assert [m["cycle_id"] for _, m in read_topic(pcfg, pcfg.topics.avoidance)] == [str(cycle), str(cycle + 1)]
+    assert [m["cycle_id"] for _, m in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)] == [str(cycle), str(cycle + 1)]
 
 
 def test_invalid_input_publishes_nothing_keeps_the_last_list_and_alerts(pcfg: Config) -> None:
@@ -201,9 +148,9 @@ def test_invalid_input_publishes_nothing_keeps_the_last_list_and_alerts(pcfg: Co
     assert report.gate is not None and report.gate.failed == (
         "avoidance_health:expect_column_values_to_be_between(failure_rate) (1 unexpected)",
     )
-    assert [m["cycle_id"] for _, m in read_topic(pcfg, pcfg.topics.avoidance)] == [str(cycle)]
+    assert [m["cycle_id"] for _, m in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)] == [str(cycle)]
     assert file.read_bytes() == published
-    alerts = [a for _, a in read_topic(pcfg, pcfg.topics.alerts) if a["kind"] == "avoidance_validation_failed"]
+    alerts = [a for _, a in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts) if a["kind"] == "avoidance_validation_failed"]
     assert [(a["cycle_id"], a["details"]["failed_checks"]) for a in alerts] == [(str(cycle + 1), list(report.gate.failed))]
     rows = latest_revision(read_table(root, "publisher_cycles"), ["cycle_number", "step"], revision="decided_ms")
     assert [(r["cycle_number"], r["step"], r["status"]) for r in rows.to_pylist() if r["step"] == "avoidance"] == [
@@ -219,4 +166,4 @@ def test_stale_input_is_refused(pcfg: Config) -> None:
     assert report.status == "rejected"
     assert report.gate is not None
     assert report.gate.failed == ("avoidance_snapshot:expect_column_values_to_be_between(input_age_ms) (1 unexpected)",)
-    assert read_topic(pcfg, pcfg.topics.avoidance) == []
+    assert read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance) == []

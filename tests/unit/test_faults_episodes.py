@@ -22,8 +22,10 @@ from pipeline.faults.episodes import (
 )
 from pipeline.faults.frame import take
 from pipeline.faults.reference import current_view, run_steps
+from pipeline.faults.state import initial_state, step
 from pipeline.faults.synth import misbehave, outage_scenario
 from pipeline.simulate import MemorySink, Simulation
+from schemas.events import SendResult
 
 CFG = FaultsConfig()  # quorum 0.5 of >= 3; outliers: 20 sends, 2 peers, rate 0.5, p99 5x and >= 550 ms
 
@@ -167,3 +169,71 @@ def test_a_failure_rate_outlier_opens_an_episode_without_any_avoiding() -> None:
     [ep] = episodes_of(bad, 5_000, cfg)
     assert (ep["broker_name"], ep["reason"]) == ("broker-b", FAILURE_OUTLIER)
     assert ep["dominant_error"] == "MQBrokerException[PCBUSY_CLEAN_QUEUE]"
+
+
+# -- suspicions: the rules ahead of the watermark ----------------------------------------------
+def _send(i: int, ts: int, client: str, broker: str, ok: bool) -> SendResult:
+    return SendResult(
+        event_id=f"e{i}", ts_ms=ts, cluster="c1", producer_group="PG", client_id=client, client_version="4.9.8",
+        topic="T", broker_name=broker, queue_id=0, status="SEND_OK" if ok else "FAILED",
+        latency_ms=5 if ok else 3000, error=None if ok else "RemotingConnectException", queue_offset=i if ok else None,
+        attempt=0, send_latency_fault_enable=True,
+    )
+
+
+def test_an_outage_is_suspected_before_the_watermark_decides_it(outage: tuple[list, int]) -> None:
+    events, _ = outage
+    batch = from_send_results(events)
+    ts = batch["ts_ms"]
+    steps, lo, heads = [], int(ts.min()), []
+    while lo <= int(ts.max()):
+        steps.append((take(batch, (ts >= lo) & (ts < lo + 5_000)), lo - 30_000))
+        heads.append(lo + 5_000)
+        lo += 5_000
+    state, rows, seen = initial_state("DefaultCluster"), [], []
+    for k, (events_k, wm) in enumerate(steps):
+        state, out = step(state, events_k, wm, CFG)
+        rows += out.episodes
+        seen += [(k, r) for r in out.episodes]
+    [(k_s, suspected)] = [(k, r) for k, r in seen if r["state"] == "suspected"]
+    k_o, opened = next((k, r) for k, r in seen if r["state"] == "open")
+    assert suspected["episode_id"] == opened["episode_id"] and opened["revision"] > suspected["revision"]
+    # suspected as soon as the events of its grid point were read; decided a watermark delay later
+    assert heads[k_s] - suspected["opened_ms"] <= 10_000
+    assert (k_o - k_s) * 5_000 >= 25_000
+    assert suspected["cluster_brokers"] == len({e.broker_name for e in events}) and suspected["reason"] == QUORUM
+    # what is decided does not change: the suspicion is the same episode, superseded
+    assert [r["episode_id"] for r in current_view(rows, "episode_id")] == [opened["episode_id"]]
+
+
+def test_a_suspicion_that_late_events_disprove_is_withdrawn() -> None:
+    # four producers fail on broker-c and are the only ones seen there so far: a quorum, suspected ...
+    early = [_send(i, 10_000 + 100 * i, f"p{i}", "broker-c", ok=False) for i in range(4)]
+    early += [_send(10 + i, 10_000 + 1_000 * i, "p0", "broker-a", ok=True) for i in range(15)]
+    # ... until ten more producers' successful sends there arrive late (but not too late)
+    late = [_send(100 + i, 9_000 + 10 * i, f"q{i}", "broker-c", ok=True) for i in range(10)]
+    steps = [(from_send_results(early), 0), (from_send_results(late), 5_000), (from_send_results([]), 200_000)]
+    state, rows = initial_state("c1"), []
+    states = []
+    for events_k, wm in steps:
+        state, out = step(state, events_k, wm, CFG)
+        rows.append(out.episodes)
+        states.append(state.suspects)
+    [suspected] = rows[0]
+    assert suspected["state"] == "suspected" and suspected["broker_name"] == "broker-c"
+    [withdrawn] = rows[1]
+    assert (withdrawn["episode_id"], withdrawn["state"]) == (suspected["episode_id"], "withdrawn")
+    assert withdrawn["revision"] == suspected["revision"] + 1 and withdrawn["closed_ms"] == withdrawn["opened_ms"]
+    # decided at its grid point: no episode there, nothing more to say about it
+    assert suspected["episode_id"] not in {r["episode_id"] for r in rows[2]} and states[2] == ()
+    assert current_view([*rows[0], *rows[1]], "episode_id") == []
+
+
+def test_suspicions_survive_the_state_codec() -> None:
+    from pipeline.faults.codec import decode_state, encode_state
+
+    early = [_send(i, 10_000 + 100 * i, f"p{i}", "broker-c", ok=False) for i in range(4)]
+    early += [_send(10 + i, 10_000 + 1_000 * i, "p0", "broker-a", ok=True) for i in range(15)]
+    state, _ = step(initial_state("c1"), from_send_results(early), 0, CFG)
+    assert state.suspects
+    assert decode_state(encode_state(state)).suspects == state.suspects

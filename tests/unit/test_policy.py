@@ -223,6 +223,21 @@ DECIDE_CASES = {
         PreviousState("100", NOW - 60 * S, (prev("b2", -10),)),
         {"c1": (False, 2, {})},
     ),
+    "suspected (ahead of the watermark) counts as open": (
+        snap(episodes=[ep("b2", 30, state="suspected")], health=cluster_of(4)),
+        PreviousState(),
+        {"c1": (False, 2, {"b2": (AVOID, "open_episode", 100)})},
+    ),
+    "cold start: no final health minute yet, the episode row counts the cluster's brokers": (
+        snap(episodes=[ep("b2", 30, state="suspected", cluster_brokers=4)]),
+        PreviousState(),
+        {"c1": (False, 2, {"b2": (AVOID, "open_episode", 100)})},
+    ),
+    "cold start without that count: the only known broker is kept available": (
+        snap(episodes=[ep("b2", 30)]),
+        PreviousState(),
+        {"c1": (True, 0, {"b2": (KEEP_AVAILABLE, "share_cap", 0)})},
+    ),
     "an avoided broker without health rows still counts towards the cap": (
         snap(episodes=[ep("b3", 30)], health=cluster_of(2)),
         PreviousState(),
