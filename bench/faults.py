@@ -120,6 +120,7 @@ def writers(spark: Any, cfg: Config, shape: str) -> dict[str, Any]:
 
 def child(args: argparse.Namespace) -> None:
     from streaming.faults_query import state_metrics
+    from streaming.job import start_query
     from streaming.session import spark_session
 
     work = Path(args.work)
@@ -130,7 +131,7 @@ def child(args: argparse.Namespace) -> None:
     for name, topic in runs:
         cfg = bench_config(args.bootstrap, topic, work, name, **common)
         t0 = time.perf_counter()
-        queries = {n: w.trigger(availableNow=True).start() for n, w in writers(spark, cfg, args.shape).items()}
+        queries = {n: start_query(spark, n, w, availableNow=True) for n, w in writers(spark, cfg, args.shape).items()}
         for q in queries.values():
             q.awaitTermination()
         secs = time.perf_counter() - t0
@@ -139,7 +140,7 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
     if args.mode == "live":
         cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0)
-        queries = [w.trigger(processingTime="1 second").start() for w in writers(spark, cfg, args.shape).values()]
+        queries = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
         print("STARTED " + cfg.storage.root, flush=True)
         time.sleep(args.live_s)
         for q in queries:

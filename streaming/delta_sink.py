@@ -16,6 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,44 +144,15 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
 
     # -- driver --------------------------------------------------------------------------------
     def commit(self, messages: list[RoutedCommit | None], batchId: int) -> None:
-        from deltalake import DeltaTable
-        from deltalake.transaction import AddAction, CommitProperties, Transaction
-
         files = [f for m in messages if m is not None for f in m.files]
         now_ms = int(time.time() * 1000)
-        counts: dict[str, int] = {}
-        for name in self.tables:
-            mine = [f for f in files if f.table == name]
-            if not mine:
-                continue
-            dt = DeltaTable(str(Path(self.root) / name))
-            done = dt.transaction_version(self.app_id)
-            if done is not None and done >= batchId:
-                log.info("%s: batch %d already in %s (replay): skipped", self.app_id, batchId, name)
-                continue
-            spec = table(name)
-            actions = [
-                AddAction(
-                    f.path,
-                    f.size,
-                    f.partition_values,
-                    now_ms,
-                    True,
-                    json.dumps({"numRecords": f.num_records}),
-                )
-                for f in mine
-            ]
-            dt.create_write_transaction(
-                actions,
-                mode="append",
-                schema=spec.arrow_schema(),
-                partition_by=list(spec.partition_by) or None,
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, batchId)],
-                    custom_metadata={"faultwatch.batch_id": str(batchId), "faultwatch.app_id": self.app_id},
-                ),
-            )
-            counts[name] = sum(f.num_records for f in mine)
+        by_table = {name: [f for f in files if f.table == name] for name in self.tables}
+        by_table = {name: mine for name, mine in by_table.items() if mine}
+        # Tables commit independently (Delta has no multi-table transaction; each carries its own
+        # (app id, batch id)), so they commit side by side: a batch touches up to seven tables.
+        with ThreadPoolExecutor(max_workers=max(1, len(by_table))) as pool:
+            done = list(pool.map(lambda item: self._commit_table(item[0], item[1], batchId, now_ms), by_table.items()))
+        counts = {name: n for name, n in done if n is not None}
         if self.report_dir:
             report = {f.table: 0 for f in files} | counts
             chunked = [m.events_in for m in messages if m is not None and m.events_in is not None]
@@ -189,20 +161,32 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
             _write_report(self.report_dir, batchId, report)
 
 
-def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
-    """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    tmp = Path(folder) / f".{batch_id}.json.tmp"
-    tmp.write_text(json.dumps(counts))
-    tmp.replace(Path(folder) / f"{batch_id}.json")
-    (Path(folder) / f"{batch_id - 1000}.json").unlink(missing_ok=True)  # keep the last thousand
+    def _commit_table(self, name: str, mine: list[DataFile], batch_id: int, now_ms: int) -> tuple[str, int | None]:
+        """Commit one table's files of the batch; (name, rows), rows None if already committed."""
+        from deltalake import DeltaTable
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-
-def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
-    try:
-        return dict(json.loads((Path(folder) / f"{batch_id}.json").read_text()))
-    except FileNotFoundError:
-        return None
+        dt = DeltaTable(str(Path(self.root) / name))
+        done = dt.transaction_version(self.app_id)
+        if done is not None and done >= batch_id:
+            log.info("%s: batch %d already in %s (replay): skipped", self.app_id, batch_id, name)
+            return name, None
+        spec = table(name)
+        actions = [
+            AddAction(f.path, f.size, f.partition_values, now_ms, True, json.dumps({"numRecords": f.num_records}))
+            for f in mine
+        ]
+        dt.create_write_transaction(
+            actions,
+            mode="append",
+            schema=spec.arrow_schema(),
+            partition_by=list(spec.partition_by) or None,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self.app_id, batch_id)],
+                custom_metadata={"faultwatch.batch_id": str(batch_id), "faultwatch.app_id": self.app_id},
+            ),
+        )
+        return name, sum(f.num_records for f in mine)
 
     def abort(self, messages: list[RoutedCommit | None], batchId: int) -> None:
         from deltalake import DeltaTable
@@ -219,6 +203,21 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
                         except FileNotFoundError:
                             pass
 
+
+def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
+    """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    tmp = Path(folder) / f".{batch_id}.json.tmp"
+    tmp.write_text(json.dumps(counts))
+    tmp.replace(Path(folder) / f"{batch_id}.json")
+    (Path(folder) / f"{batch_id - 1000}.json").unlink(missing_ok=True)  # keep the last thousand
+
+
+def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
+    try:
+        return dict(json.loads((Path(folder) / f"{batch_id}.json").read_text()))
+    except FileNotFoundError:
+        return None
 
 def write_routed(
     df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None

@@ -135,3 +135,18 @@ def test_large_partitions_are_read_by_several_tasks(kafka) -> None:  # type: ign
         assert [(p.partition, p.start, p.end) for p in parts] == [(0, 0, 83), (0, 83, 166), (0, 166, 250), (1, 0, 40)]
     finally:
         r.stop()
+
+
+def test_small_ranges_share_a_task() -> None:
+    from streaming.kafka_source import RangeGroup, TopicPartitionRange, pack_ranges
+
+    def r(p: int, n: int) -> TopicPartitionRange:
+        return TopicPartitionRange("t", p, "send_result", 0, n)
+
+    def shape(parts: list) -> list:
+        return [[x.partition for x in p.ranges] if isinstance(p, RangeGroup) else p.partition for p in parts]
+
+    assert shape(pack_ranges([r(0, 30), r(1, 30), r(2, 30), r(3, 30)], 100)) == [[0, 1, 2], 3]
+    assert shape(pack_ranges([r(0, 30), r(1, 200), r(2, 30)], 100)) == [0, 1, 2]
+    assert shape(pack_ranges([r(0, 30), r(1, 30)], 0)) == [0, 1]  # 0: never packed
+    assert shape(pack_ranges([], 100)) == []
