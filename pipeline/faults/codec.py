@@ -49,6 +49,7 @@ def encode_state(state: FaultState) -> tuple[Any, ...]:
     header = {name: getattr(state, name) for name in _SCALARS}
     header.update({name: list(getattr(state, name)) for name in _NAMES})
     header["suspects"] = [list(x) for x in state.suspects]
+    header["ahead_tick"] = state.ahead_tick
     blobs = [_to_ipc(getattr(state, name), schema) for name, schema in _TABLES]
     return (STATE_VERSION, json.dumps(header), *blobs)
 
@@ -66,6 +67,7 @@ def decode_state(row: tuple[Any, ...]) -> FaultState:
         **{name: header[name] for name in _SCALARS},
         **{name: tuple(header[name]) for name in _NAMES},
         suspects=tuple((int(b), int(o), int(r), bool(a), str(why)) for b, o, r, a, why in header.get("suspects", [])),
+        ahead_tick=int(header.get("ahead_tick", -1)),
         **tables,
     )
 

@@ -111,8 +111,19 @@ def signal(b: int, points: dict[int, Point], cfg: FaultsConfig) -> str | None:
     return None
 
 
-def _pairs_in(pair: np.ndarray, lo: int, hi: int) -> set[int]:
-    return set(pair[lo:hi].tolist())
+def next_same(values: np.ndarray) -> np.ndarray:
+    """For each position, the next position holding the same value (``len(values)`` if none).
+
+    The distinct values of ``values[lo:hi]`` are then ``values[lo:hi][next_same[lo:hi] >= hi]``, each
+    once (its last occurrence in the range): a sliding count of distinct producers without sets.
+    """
+    n = len(values)
+    out = np.full(n, n, dtype=np.int64)
+    if n > 1:
+        order = np.argsort(values, kind="stable")  # equal values keep their positions' order
+        same = values[order][1:] == values[order][:-1]
+        out[order[:-1][same]] = order[1:][same]
+    return out
 
 
 def quantile(values: np.ndarray, q: float) -> float:
@@ -140,6 +151,7 @@ def points_at(
         ts, lat, pair = log["ts"][sel], log["latency"][sel], log["pair"][sel]
         failed, err = log["failed"][sel], log["err"][sel]
         cum_fail = np.concatenate([[0], np.cumsum(failed)])
+        nxt = next_same(pair)
         hi = np.searchsorted(ts, ticks, side="right")
         lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
         lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
@@ -149,9 +161,11 @@ def points_at(
         for k, t in enumerate(ticks.tolist()):
             p = result[k][b]
             covering = (w_start <= t) & (w_end > t)
-            avoid = set(w_pair[covering].tolist()) if covering.any() else set()
+            avoid = np.unique(w_pair[covering]) if covering.any() else w_pair[:0]
+            recent = slice(lo_act[k], hi[k])
+            sending = pair[recent][nxt[recent] >= hi[k]]  # each producer that sent in the window, once
             p.avoiding = len(avoid)
-            p.active = len(_pairs_in(pair, lo_act[k], hi[k]) | avoid)
+            p.active = len(sending) + (int(np.count_nonzero(~np.isin(avoid, sending))) if len(avoid) else 0)
             p.sends = int(hi[k] - lo_out[k])
             p.failures = int(cum_fail[hi[k]] - cum_fail[lo_out[k]])
             if p.sends:

@@ -53,6 +53,7 @@ class FaultState:
     windows: Cols = field(default_factory=lambda: empty(windows.WINDOW_SCHEMA))
     episodes: Cols = field(default_factory=lambda: empty(ep_mod.EPISODE_SCHEMA))
     suspects: tuple[Suspect, ...] = ()  # episodes suspected ahead of the watermark, until it decides them
+    ahead_tick: int = NONE  # the last grid point the look-ahead evaluated
 
 
 @dataclass(frozen=True)
@@ -161,12 +162,12 @@ def step(
         np.maximum.at(last_end, pos[known], wins["end"][known])
         table["last_window_end"] = np.maximum(table["last_window_end"], last_end)
     next_minute, health_rows = _health(state, log, wins, settle, brokers, errors, cfg)
-    last_tick, episodes, suspects, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
+    last_tick, episodes, suspects, ahead_tick, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
     table, log, wins = _forget(table, log, wins, wm, settle, next_minute, last_tick, cfg)
     out_state = replace(
         state, watermark_ms=settle, next_serial=state.next_serial + nrows(new), next_pair=next_pair,
         next_minute=next_minute, last_tick=last_tick, brokers=brokers, versions=versions, errors=errors,
-        pairs=table, log=log, windows=wins, episodes=episodes, suspects=suspects,
+        pairs=table, log=log, windows=wins, episodes=episodes, suspects=suspects, ahead_tick=ahead_tick,
     )
     outputs = FaultOutputs(changes.rows, episode_rows, health_rows, quarantine,
                            _wakeup(out_state, cfg), stats_of(out_state))
@@ -193,16 +194,16 @@ def _health(
 def _episodes(
     state: FaultState, log: Cols, wins: Cols, wm: int, brokers: tuple[str, ...], errors: tuple[str, ...],
     cfg: FaultsConfig,
-) -> tuple[int, Cols, tuple[Suspect, ...], list[dict[str, Any]]]:
+) -> tuple[int, Cols, tuple[Suspect, ...], int, list[dict[str, Any]]]:
     """Decide the grid points up to the watermark; then look ahead at the events read so far.
 
-    Returns (last decided grid point, open episodes, suspicions, episode rows to append).
+    Returns (last decided grid point, open episodes, suspicions, grid point looked ahead to, rows).
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     last = state.last_tick
     if last == NONE:
         if not nrows(log):
-            return NONE, state.episodes, state.suspects, []
+            return NONE, state.episodes, state.suspects, state.ahead_tick, []
         last = ((int(log["ts"].min()) - 1) // interval) * interval
     top = max(last, (wm // interval) * interval)
     open_eps = ep_mod.episodes_from_table(state.episodes)
@@ -222,8 +223,8 @@ def _episodes(
             rows.append(ep_mod.episode_row(e, state.cluster, brokers, top, _brokers_seen(log, top, cfg)))
             e.revision += 1
             e.changed = False
-    suspects, early_rows = _look_ahead(state, log, wins, top, open_eps, closed, brokers, errors, cfg)
-    return top, ep_mod.episodes_to_table(open_eps), suspects, rows + early_rows
+    suspects, early_rows, ahead_tick = _look_ahead(state, log, wins, top, open_eps, closed, brokers, errors, cfg)
+    return top, ep_mod.episodes_to_table(open_eps), suspects, ahead_tick, rows + early_rows
 
 
 def _evaluate_grid(
@@ -260,7 +261,7 @@ def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
 def _look_ahead(
     state: FaultState, log: Cols, wins: Cols, top: int, open_eps: dict[int, ep_mod.Episode],
     closed: list[ep_mod.Episode], brokers: tuple[str, ...], errors: tuple[str, ...], cfg: FaultsConfig,
-) -> tuple[tuple[Suspect, ...], list[dict[str, Any]]]:
+) -> tuple[tuple[Suspect, ...], list[dict[str, Any]], int]:
     """Suspicions: episodes the rules open at grid points after the watermark, on the events so far.
 
     The watermark waits ``stream.watermark_delay_s`` for late events before a grid point is decided;
@@ -269,11 +270,16 @@ def _look_ahead(
     "suspected" (same id the decision will use). When the watermark reaches its grid point, the
     decision either confirms it (its "open" row follows with a higher revision) or not (a
     "withdrawn" row). Nothing else depends on a suspicion: batching never changes what is decided.
+
+    The look-ahead runs when the newest event has passed a grid point it has not evaluated yet: with
+    a 1 s trigger, a 30 s watermark and a 5 s grid it would otherwise evaluate the same six points
+    in every batch. Returns (suspicions, rows, the grid point it has looked up to).
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     head = ((int(log["ts"].max()) if nrows(log) else top) // interval) * interval
     ahead: dict[int, ep_mod.Episode] = {}
-    if head > top:
+    fresh = head > max(top, state.ahead_tick)
+    if fresh:
         early = copy.deepcopy(open_eps)
         _evaluate_grid(early, log, wins, top, head, errors, cfg)
         ahead = {b: e for b, e in early.items() if b not in open_eps and e.opened > top}
@@ -291,6 +297,9 @@ def _look_ahead(
             if active and (b, opened) not in decided:
                 withdraw(b, opened, rev, reason, top)
             continue
+        if not fresh:  # nothing new to look at: it stands as it was
+            kept.append((b, opened, rev, active, reason))
+            continue
         still = b in ahead and ahead[b].opened == opened
         if active and not still:  # newer events no longer bear it out (it may come back)
             withdraw(b, opened, rev, reason, head)
@@ -305,7 +314,7 @@ def _look_ahead(
         if (b, e.opened) not in known:
             rows.append(ep_mod.episode_row(e, state.cluster, brokers, head, seen_at, state="suspected"))
             kept.append((b, e.opened, e.revision, True, e.reason))
-    return tuple(kept), rows
+    return tuple(kept), rows, max(state.ahead_tick, head)
 
 
 def _forget(
