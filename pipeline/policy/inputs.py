@@ -48,12 +48,19 @@ def latest_health(table: pa.Table) -> list[Health]:
     return [Health(**r) for r in current.select(HEALTH_COLUMNS).to_pylist()]
 
 
-def avoiding_now(table: pa.Table, now_ms: int) -> list[Avoiding]:
-    """Distinct producer instances whose current window covers ``now_ms``, per broker."""
+def avoiding_now(table: pa.Table, now_ms: int, count_shadow: bool = True) -> list[Avoiding]:
+    """Distinct producer instances whose current window covers ``now_ms``, per broker.
+
+    ``count_shadow``: also producers running without fault tolerance, with the window their rules
+    would give them (as ``faults.quorum_counts_shadow_windows`` counts them for episodes and health).
+    """
     current = latest_revision(table, "window_id")
     if current.num_rows:
         active = pc.and_(pc.less_equal(current["start_ms"], now_ms), pc.greater(current["end_ms"], now_ms))
-        current = current.filter(pc.and_(active, pc.equal(current["state"], "open")))
+        active = pc.and_(active, pc.equal(current["state"], "open"))
+        if not count_shadow:
+            active = pc.and_(active, pc.equal(current["fault_enable"], True))
+        current = current.filter(active)
     producers: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
     for r in current.select(["cluster", "broker_name", "producer_group", "client_id"]).to_pylist():
         producers[(r["cluster"], r["broker_name"])].add((r["producer_group"], r["client_id"]))
@@ -78,12 +85,14 @@ def freshest_ms(episodes: pa.Table, health: pa.Table, windows: pa.Table) -> int 
     return max(present) if present else None
 
 
-def build_snapshot(episodes: pa.Table, health: pa.Table, windows: pa.Table, now_ms: int) -> Snapshot:
+def build_snapshot(
+    episodes: pa.Table, health: pa.Table, windows: pa.Table, now_ms: int, count_shadow: bool = True
+) -> Snapshot:
     return Snapshot(
         taken_ms=now_ms,
         episodes=tuple(current_episodes(episodes)),
         health=tuple(latest_health(health)),
-        avoiding=tuple(avoiding_now(windows, now_ms)),
+        avoiding=tuple(avoiding_now(windows, now_ms, count_shadow)),
         freshest_ms=freshest_ms(episodes, health, windows),
     )
 

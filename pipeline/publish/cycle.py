@@ -96,7 +96,8 @@ def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> Cyc
         filter=(pc.field("event_date") >= _date(window_from)) & (pc.field("start_ms") >= window_from),
     )
     previous = previous_state(read_table(root, "avoidance_recommendations"), read_table(root, "publisher_cycles"))
-    return CycleInput(cycle_number, now, build_snapshot(episodes, health, windows, now), previous)
+    snapshot = build_snapshot(episodes, health, windows, now, cfg.faults.quorum_counts_shadow_windows)
+    return CycleInput(cycle_number, now, snapshot, previous)
 
 
 def recommend(inp: CycleInput, cfg: Config) -> Decision:

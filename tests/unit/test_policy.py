@@ -354,3 +354,23 @@ def test_policy_imports_no_spark_kafka_or_airflow() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_producers_avoiding_now_counts_shadow_windows_only_when_told() -> None:
+    import pyarrow as pa
+
+    from pipeline.policy.inputs import avoiding_now
+
+    def w(wid: str, client: str, enable: bool, end_s: float, state: str = "open", revision: int = 0) -> dict:
+        return {"window_id": wid, "cluster": "c1", "producer_group": "PG", "client_id": client, "broker_name": "b1",
+                "start_ms": NOW - 10 * S, "end_ms": NOW + int(end_s * S), "state": state, "revision": revision,
+                "fault_enable": enable}
+
+    table = pa.Table.from_pylist([
+        w("1", "p1", True, 20), w("2", "p2", False, 20),  # avoiding now; p2 without fault tolerance
+        w("3", "p3", True, -1),  # ended a second ago
+        w("4", "p4", True, 20), w("4", "p4", True, 20, state="retracted", revision=1),  # gone
+        w("5", "p1", True, 30),  # the same producer twice counts once
+    ])
+    assert avoiding_now(table, NOW) == [Avoiding("c1", "b1", 2)]
+    assert avoiding_now(table, NOW, count_shadow=False) == [Avoiding("c1", "b1", 1)]
