@@ -69,10 +69,11 @@ def brokers_known(
     snapshot: Snapshot, previous: PreviousState, cluster: str, now_ms: int, cfg: PolicyConfig
 ) -> int:
     """The share cap's denominator: the brokers known by name, or, if more, the brokers the streaming
-    job saw sending when it wrote a relevant episode row. Until a health minute is final (the
+    job saw sending when it wrote an episode row seen within ``broker_seen_s``. Until a health minute is final (the
     watermark delay plus a minute after the job first sees a cluster) the names alone would count
     only the failing brokers and the cap would keep every one of them available."""
-    counted = [e.cluster_brokers for e in relevant_episodes(snapshot, now_ms, cfg) if e.cluster == cluster]
+    seen_from = now_ms - _ms(cfg.broker_seen_s)
+    counted = [e.cluster_brokers for e in snapshot.episodes if e.cluster == cluster and e.end_ms(now_ms) >= seen_from]
     return max(len(known_brokers(snapshot, previous, cluster, now_ms, cfg)), *counted, 0)
 
 

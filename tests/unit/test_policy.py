@@ -233,6 +233,11 @@ DECIDE_CASES = {
         PreviousState(),
         {"c1": (False, 2, {"b2": (AVOID, "open_episode", 100)})},
     ),
+    "an episode row older than broker_seen_s does not count the cluster's brokers": (
+        snap(episodes=[ep("b1", 30), ep("b1", 1900, 1800, cluster_brokers=10)], health=cluster_of(2)),
+        PreviousState(),
+        {"c1": (False, 1, {"b1": (AVOID, "open_episode", 100)})},
+    ),
     "cold start without that count: the only known broker is kept available": (
         snap(episodes=[ep("b2", 30)]),
         PreviousState(),
