@@ -255,7 +255,7 @@ def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
     """Brokers of the cluster with a send in ``(t - active_producer_window_s, t]``."""
     since = t - int(cfg.active_producer_window_s * 1000)
     seen = (log["ts"] > since) & (log["ts"] <= t)
-    return len(set(log["broker"][seen].tolist()))
+    return int(np.unique(log["broker"][seen]).size)
 
 
 def _look_ahead(
@@ -286,11 +286,16 @@ def _look_ahead(
     decided = {(e.broker, e.opened) for e in [*closed, *open_eps.values()]}
     rows: list[dict[str, Any]] = []
     kept: list[Suspect] = []
-    seen_at = _brokers_seen(log, head, cfg)
+    seen: list[int] = []  # the cluster's broker count at head, counted once if a row needs it
+
+    def seen_at() -> int:
+        if not seen:
+            seen.append(_brokers_seen(log, head, cfg))
+        return seen[0]
 
     def withdraw(b: int, opened: int, rev: int, reason: str, at: int) -> None:
         gone = ep_mod.Episode(b, opened, opened, reason, closed=opened, revision=rev + 1)
-        rows.append(ep_mod.episode_row(gone, state.cluster, brokers, at, seen_at, state="withdrawn"))
+        rows.append(ep_mod.episode_row(gone, state.cluster, brokers, at, seen_at(), state="withdrawn"))
 
     for b, opened, rev, active, reason in state.suspects:
         if opened <= top:  # decided now: confirmed (revisions continue above) or withdrawn
@@ -306,13 +311,13 @@ def _look_ahead(
             rev += 1
         elif still and not active:
             ahead[b].revision = rev + 1
-            rows.append(ep_mod.episode_row(ahead[b], state.cluster, brokers, head, seen_at, state="suspected"))
+            rows.append(ep_mod.episode_row(ahead[b], state.cluster, brokers, head, seen_at(), state="suspected"))
             rev += 1
         kept.append((b, opened, rev, still, ahead[b].reason if still else reason))
     known = {(k[0], k[1]) for k in kept}
     for b, e in sorted(ahead.items()):
         if (b, e.opened) not in known:
-            rows.append(ep_mod.episode_row(e, state.cluster, brokers, head, seen_at, state="suspected"))
+            rows.append(ep_mod.episode_row(e, state.cluster, brokers, head, seen_at(), state="suspected"))
             kept.append((b, e.opened, e.revision, True, e.reason))
     return tuple(kept), rows, max(state.ahead_tick, head)
 
