@@ -21,6 +21,11 @@ from pipeline.rocketmq.queues import MessageQueue
 from pipeline.simulate.scenario import FaultSpec, Scenario
 
 _exp = math.exp
+_log = math.log
+_sqrt = math.sqrt
+_cos = math.cos
+_sin = math.sin
+_TWOPI = 2.0 * math.pi
 
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
@@ -158,14 +163,14 @@ class ProducerLink:
     per event the simulator emits.
     """
 
-    __slots__ = ("_base", "_cache", "_gauss", "_model", "_rng", "clock", "first", "stored", "timeout_ms")
+    __slots__ = ("_base", "_cache", "_model", "_random", "_rng", "clock", "first", "stored", "timeout_ms")
 
     def __init__(self, model: BrokerModel, rng: random.Random, timeout_ms: int) -> None:
         self._model = model
         self._base = model._base
         self._cache = model._cache
         self._rng = rng
-        self._gauss = rng.gauss
+        self._random = rng.random
         self.timeout_ms = timeout_ms
         self.clock = 0
         self.first = 0
@@ -183,7 +188,18 @@ class ProducerLink:
         cached = self._cache.get(broker)
         if budget > 0 and cached is not None and not cached[2] and cached[0] <= begin < cached[1]:
             median, sigma = self._base[broker]
-            latency = int(median * _exp(sigma * self._gauss(0.0, 1.0)))
+            # rng.gauss(0.0, 1.0), inlined with the same draws and the same cached second value
+            # (``gauss_next``, shared with the model's own calls): this runs once per event.
+            rng = self._rng
+            z = rng.gauss_next
+            if z is None:
+                x2pi = self._random() * _TWOPI
+                g2rad = _sqrt(-2.0 * _log(1.0 - self._random()))
+                z = _cos(x2pi) * g2rad
+                rng.gauss_next = _sin(x2pi) * g2rad
+            else:
+                rng.gauss_next = None
+            latency = int(median * _exp(sigma * z))
             if latency < budget:
                 self.clock = begin + latency
                 self.stored.append(True)

@@ -129,7 +129,8 @@ class SimProducer:
             if stop is not None and now >= stop:
                 t = float("inf")
                 break
-            link.start(now)
+            link.clock = link.first = now  # link.start(now), inlined
+            link.stored = []
             _, attempts, end, _ = send_attempts(selector, route, link, now, retries, timeout_ms=timeout)
             stored = link.stored
             if attempts and link.clock != end:

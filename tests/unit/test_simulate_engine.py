@@ -149,3 +149,29 @@ def test_live_view_hooks_see_each_batch_and_the_active_faults() -> None:
     assert [s for s, _, _ in seen[:-1]] == list(range(sim.epoch_ms, sim.end_ms, 100))  # ticks, then the drain
     assert sim.active_faults(sim.epoch_ms + 29_999) == {}
     assert sim.active_faults(sim.epoch_ms + 30_000) == {"broker-b": ["outage (refused)"]}
+
+
+def test_unpaced_runs_relax_the_gc_threshold_only_while_they_run() -> None:
+    import gc
+
+    from pipeline.simulate.engine import _BULK_GC_THRESHOLD
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    inner: list[tuple[int, ...]] = []
+
+    def nested(_batch: object) -> None:
+        seen.append(gc.get_threshold())
+        if not inner:  # a second unpaced run inside the first leaves the raised threshold in place
+            Simulation(load_scenario("steady").replace(duration_s=1.0)).run(MemorySink())
+            inner.append(gc.get_threshold())
+
+    Simulation(load_scenario("steady").replace(duration_s=2.0)).run(MemorySink(), on_batch=nested)
+    assert seen and all(t[0] == max(before[0], _BULK_GC_THRESHOLD) and t[1:] == before[1:] for t in seen)
+    assert inner == [seen[0]]
+    assert gc.get_threshold() == before
+    paced: list[tuple[int, ...]] = []
+    Simulation(load_scenario("steady").replace(duration_s=0.5)).run(
+        MemorySink(), speed=1000.0, on_batch=lambda _b: paced.append(gc.get_threshold())
+    )
+    assert paced and set(paced) == {before}
