@@ -144,14 +144,24 @@ def points_at(
     act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
     result: list[dict[int, Point]] = [{b: Point() for b in brokers} for _ in ticks]
     win_use = np.ones(len(windows["pair"]), dtype=bool) if cfg.quorum_counts_shadow_windows else windows["enable"]
-    for b in brokers:
-        sel = np.flatnonzero(log["broker"] == b)
-        order = np.argsort(log["ts"][sel], kind="stable")
-        sel = sel[order]
-        ts, lat, pair = log["ts"][sel], log["latency"][sel], log["pair"][sel]
-        failed, err = log["failed"][sel], log["err"][sel]
-        cum_fail = np.concatenate([[0], np.cumsum(failed)])
-        nxt = next_same(pair)
+    # One sort by (broker, time) for all brokers; each broker's events are then a contiguous block.
+    # Ties keep log order (lexsort is stable), as a per-broker stable sort by time would.
+    order = np.lexsort((log["ts"], log["broker"]))
+    by_broker = log["broker"][order]
+    ts_all, lat_all, pair_all = log["ts"][order], log["latency"][order], log["pair"][order]
+    failed_all, err_all = log["failed"][order], log["err"][order]
+    cum_all = np.concatenate([[0], np.cumsum(failed_all)])
+    n_pairs = int(max(pair_all.max(initial=0), windows["pair"].max(initial=0))) + 1
+    # next event of the same (broker, producer): stays inside the broker's block, or is len(log)
+    nxt_all = next_same(by_broker.astype(np.int64) * n_pairs + pair_all)
+    starts = np.searchsorted(by_broker, brokers, side="left")
+    stops = np.searchsorted(by_broker, brokers, side="right")
+    sending_mark = np.zeros(n_pairs, dtype=bool)  # scratch: the producers sending at one grid time
+    for b, s0, s1 in zip(brokers, starts.tolist(), stops.tolist()):
+        ts, lat, pair = ts_all[s0:s1], lat_all[s0:s1], pair_all[s0:s1]
+        failed, err = failed_all[s0:s1], err_all[s0:s1]
+        cum_fail = cum_all[s0 : s1 + 1]  # only differences are read
+        nxt = nxt_all[s0:s1] - s0
         hi = np.searchsorted(ts, ticks, side="right")
         lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
         lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
@@ -165,7 +175,11 @@ def points_at(
             recent = slice(lo_act[k], hi[k])
             sending = pair[recent][nxt[recent] >= hi[k]]  # each producer that sent in the window, once
             p.avoiding = len(avoid)
-            p.active = len(sending) + (int(np.count_nonzero(~np.isin(avoid, sending))) if len(avoid) else 0)
+            p.active = len(sending)
+            if len(avoid):  # producers avoiding the broker count as active even if they stopped sending to it
+                sending_mark[sending] = True
+                p.active += int(np.count_nonzero(~sending_mark[avoid]))
+                sending_mark[sending] = False
             p.sends = int(hi[k] - lo_out[k])
             p.failures = int(cum_fail[hi[k]] - cum_fail[lo_out[k]])
             if p.sends:

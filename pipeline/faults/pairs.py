@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.faults.frame import Cols, concat, empty, group_bounds, take
+from pipeline.faults.frame import Cols, concat, empty, group_bounds
 from pipeline.faults.tracks import (
     TRACK_SCHEMA,
     Seen,
@@ -93,6 +93,15 @@ def _in_order(log: Cols, rows: np.ndarray) -> np.ndarray:
     """``rows`` of the log sorted by (pair, ts, partition, offset, serial)."""
     keys = (log["serial"][rows], log["off"][rows], log["part"][rows], log["ts"][rows], log["pair"][rows])
     return rows[np.lexsort(keys)]
+
+
+# What a replay reads of the log: _in_order's sort keys and _args's columns.
+_REPLAY_COLUMNS = ("serial", "off", "part", "ts", "pair", "latency", "iso", "reach", "gen")
+
+
+def _replay_rows(log: Cols, rows: np.ndarray) -> Cols:
+    """``take(log, rows)`` of the columns a replay reads (a replay runs per out-of-order pair)."""
+    return {name: log[name][rows] for name in _REPLAY_COLUMNS}
 
 
 def _args(log: Cols, rows: np.ndarray) -> tuple[list[Any], ...]:
@@ -216,7 +225,7 @@ def apply_new(
                     for a, z in zip(g0.tolist(), g1.tolist()):
                         pending_by_pair[int(pp[by[a]])] = pending[by[a:z]]
             earlier = pending_by_pair.get(int(ids[k]), np.empty(0, dtype=np.int64))
-            merged = concat(take(log, earlier), take(new, sel))
+            merged = concat(_replay_rows(log, earlier), _replay_rows(new, sel))
             replay = _in_order(merged, np.arange(len(merged["serial"])))
             track = apply_events(bases[k], *_args(merged, replay), seen=seen)
             rewound = True

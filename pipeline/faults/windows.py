@@ -119,7 +119,10 @@ def apply_updates(
     touched = np.asarray([u.pair for u in updates], dtype=np.int64)
     mine = np.isin(table["pair"], touched)
     keep, rest = take(table, ~mine), take(table, mine)
-    by_key = {(int(p), int(s)): i for i, (p, s) in enumerate(zip(rest["pair"], rest["start"]))}
+    by_key = {(int(p), int(s)): i for i, (p, s) in enumerate(zip(rest["pair"].tolist(), rest["start"].tolist()))}
+    by_pair: dict[int, list[tuple[int, int]]] = {}  # pair -> its (start, row) in by_key's order
+    for (p, s), i in by_key.items():
+        by_pair.setdefault(p, []).append((s, i))
     rows = [_table_row(rest, i) for i in range(len(rest["pair"]))]
     alive = [True] * len(rows)
     added: list[dict[str, Any]] = []
@@ -140,9 +143,9 @@ def apply_updates(
                 continue
             row.update(end=w.end_ms, updates=upd, last_serial=w.last_index, _changed=True)
         if u.rewound:
-            for (p, s), i in by_key.items():
+            for s, i in by_pair.get(u.pair, ()):
                 # A replay starts from the watermark: windows that ended by then are final, not gone.
-                if p == u.pair and s not in u.seen and not rows[i]["final"] and rows[i]["end"] > watermark_ms:
+                if s not in u.seen and not rows[i]["final"] and rows[i]["end"] > watermark_ms:
                     alive[i] = False
                     out.rows.append(_row(meta, rows[i], "retracted", u.first_ts))
     _fill_triggers(need_facts, meta)
