@@ -3,7 +3,8 @@
     .venv/bin/python bench/faults.py [--events 1000000] [--live-s 60] [--rate 5000]
 
 1. starts a local broker (Tansu) and preloads N send results over 50 brokers and 500 producers
-   (both client versions; a few slow sends and failures, one broker failing for a minute);
+   (both client versions; a few slow sends and failures, one broker failing for a minute), each
+   producer's results in time order (two writer processes, split by producer);
 2. runs each configuration as its own process the way ``faultwatch stream --once`` does
    (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
    (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
@@ -43,6 +44,7 @@ SHAPES = {"bronze": "bronze only", "separate": "bronze + faults, two queries", "
 
 # -- data --------------------------------------------------------------------------------------
 def _produce_slice(bootstrap: str, topic: str, n: int, part: int, parts: int) -> None:
+    import numpy as np
     from kafka import KafkaProducer
 
     from pipeline.faults.synth import bulk_stream
@@ -52,7 +54,11 @@ def _produce_slice(bootstrap: str, topic: str, n: int, part: int, parts: int) ->
     lists = {f: cols[f].tolist() for f in SendResult.__dataclass_fields__ if f in cols}
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024,
                              max_request_size=8 * 1024 * 1024)
-    for i in range(part, n, parts):
+    # Each producer client's results are sent by one preload process, in time order, as a client
+    # reports its own sends. Splitting by event instead interleaves two writers' batches in every
+    # partition, so a producer's results would reach Kafka seconds out of order.
+    owner = np.unique(cols["client_id"], return_inverse=True)[1] % parts
+    for i in np.flatnonzero(owner == part).tolist():
         e = SendResult(**{f: values[i] for f, values in lists.items()})
         producer.send(topic, key=e.key(), value=e.to_json())
     producer.flush()
