@@ -111,6 +111,13 @@ def signal(b: int, points: dict[int, Point], cfg: FaultsConfig) -> str | None:
     return None
 
 
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")``; small non-negative integers as uint16 (a radix sort)."""
+    if values.dtype.kind in "iu" and len(values) and values.min() >= 0 and values.max() < 2**16:
+        return values.astype(np.uint16).argsort(kind="stable")
+    return values.argsort(kind="stable")
+
+
 def next_same(values: np.ndarray) -> np.ndarray:
     """For each position, the next position holding the same value (``len(values)`` if none).
 
@@ -120,7 +127,7 @@ def next_same(values: np.ndarray) -> np.ndarray:
     n = len(values)
     out = np.full(n, n, dtype=np.int64)
     if n > 1:
-        order = np.argsort(values, kind="stable")  # equal values keep their positions' order
+        order = stable_argsort(values)  # equal values keep their positions' order
         same = values[order][1:] == values[order][:-1]
         out[order[:-1][same]] = order[1:][same]
     return out
@@ -145,15 +152,18 @@ def points_at(
     result: list[dict[int, Point]] = [{b: Point() for b in brokers} for _ in ticks]
     win_use = np.ones(len(windows["pair"]), dtype=bool) if cfg.quorum_counts_shadow_windows else windows["enable"]
     # One sort by (broker, time) for all brokers; each broker's events are then a contiguous block.
-    # Ties keep log order (lexsort is stable), as a per-broker stable sort by time would.
-    order = np.lexsort((log["ts"], log["broker"]))
+    # Ties keep log order, as a per-broker stable sort by time would: a stable sort by time (the log
+    # is nearly in time order already), then a stable one by broker.
+    order = log["ts"].argsort(kind="stable")
+    order = order[stable_argsort(log["broker"][order])]
     by_broker = log["broker"][order]
     ts_all, lat_all, pair_all = log["ts"][order], log["latency"][order], log["pair"][order]
     failed_all, err_all = log["failed"][order], log["err"][order]
     cum_all = np.concatenate([[0], np.cumsum(failed_all)])
     n_pairs = int(max(pair_all.max(initial=0), windows["pair"].max(initial=0))) + 1
-    # next event of the same (broker, producer): stays inside the broker's block, or is len(log)
-    nxt_all = next_same(by_broker.astype(np.int64) * n_pairs + pair_all)
+    # next event of the same pair (a pair is one producer on one broker): inside the broker's block,
+    # or len(log)
+    nxt_all = next_same(pair_all)
     starts = np.searchsorted(by_broker, brokers, side="left")
     stops = np.searchsorted(by_broker, brokers, side="right")
     sending_mark = np.zeros(n_pairs, dtype=bool)  # scratch: the producers sending at one grid time
