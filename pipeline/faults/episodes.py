@@ -143,6 +143,10 @@ def quantile(values: np.ndarray, q: float) -> float:
     return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
 
 
+# The log columns points_at reads.
+POINT_COLUMNS = ("broker", "ts", "latency", "pair", "failed", "err")
+
+
 def points_at(
     ticks: np.ndarray, log: Cols, windows: Cols, brokers: list[int], errors: tuple[str, ...], cfg: FaultsConfig
 ) -> list[dict[int, Point]]:

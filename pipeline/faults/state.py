@@ -246,8 +246,10 @@ def _evaluate_grid(
     ep_from = np.asarray([e.last_signal for e in open_eps.values()], dtype=np.int64)
     ticks = ep_mod.grid_times(np.concatenate([spans_from, ep_from]), np.concatenate([spans_to, ep_from + slack]),
                               last, top, interval)
-    recent = take(log, in_range & (log["ts"] <= top))
-    involved = set(recent["broker"].tolist()) | set(wins["broker"][live].tolist()) | set(open_eps)
+    # only the columns the grid points read: the log has many more
+    rows = np.flatnonzero(in_range & (log["ts"] <= top))
+    recent = {name: log[name][rows] for name in ep_mod.POINT_COLUMNS}
+    involved = set(np.unique(recent["broker"]).tolist()) | set(np.unique(wins["broker"][live]).tolist()) | set(open_eps)
     return ep_mod.evaluate(open_eps, ticks, recent, take(wins, live), sorted(involved), errors, cfg)
 
 
