@@ -14,9 +14,10 @@ Two shapes of ``faultwatch stream``, same step:
   on its own (e.g. replaying it on a new checkpoint without rewriting bronze).
 
 Measured with ``bench/faults.py`` (1M events, 50 brokers, 500 producers, 2 cores): the combined
-query runs at ~0.67 of bronze alone (49k vs 73k events/s on a quiet machine), two queries at ~0.59;
-live at 5,000 events/s with a 1 s trigger, window rows are readable in Delta p95 ~2.2 s after the
-event, where two queries fell behind.
+query runs at ~0.6 of bronze alone (33-36k vs 56-58k events/s; this VM's speed drifts by a third),
+two queries at ~0.59; live at 5,000 events/s with a 1 s trigger, window rows are readable in Delta
+p95 2.2-3.9 s after the event, where two queries fell behind. Per 200k-event batch: the Kafka read
+stage ~2.4 s on both cores, the stateful task ~1.4-1.8 s on one (the fault step ~0.6-1.1 s of it).
 
 Why (each choice measured or verified on this machine, Spark 4.3, 2 cores):
 
