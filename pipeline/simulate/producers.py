@@ -129,8 +129,7 @@ class SimProducer:
             if stop is not None and now >= stop:
                 t = float("inf")
                 break
-            link.clock = link.first = now  # link.start(now), inlined
-            link.stored = []
+            link.start(now)
             _, attempts, end, _ = send_attempts(selector, route, link, now, retries, timeout_ms=timeout)
             stored = link.stored
             if attempts and link.clock != end:
