@@ -8,8 +8,9 @@
 4. prints events/s for both, their ratio, and the peak RSS of the streaming process tree
    (driver JVM + Python workers).
 
-Throughput of (b) is measured from the moment the queries start (the "started:" line) to exit, so
-the JVM's start-up is reported separately rather than diluting the figure.
+Throughput of (b) is measured from the moment the queries start (the "started:" line) to the last
+batch's commit (the "total:" line), so the JVM's start-up and the session's shutdown are reported
+separately rather than diluting the figure.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
         args += ["--only", concern]
     t0 = time.perf_counter()
     started_at: list[float] = []
+    done_at: list[float] = []  # the "total:" line: every batch has been committed
 
     later: list[tuple[int, float]] = []  # (rows, seconds) of every batch after the first
 
@@ -105,6 +107,8 @@ def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
         batch = BATCH_LINE.search(line)
         if batch and int(batch.group(1)) > 0:
             later.append((int(batch.group(2)), float(batch.group(3))))
+        if "total:" in line and not done_at:
+            done_at.append(time.perf_counter())
         if "total:" in line or line.startswith("[") and "batch" in line:
             print("   ", line.rstrip(), flush=True)
 
@@ -113,9 +117,10 @@ def run_stream(config: Path, only: list[str], log: Path) -> dict[str, float]:
     if code != 0:
         raise SystemExit(f"faultwatch stream exited {code}; last lines of {log}:\n{log_tail(log)}")
     start = started_at[0] if started_at else t0
+    done = done_at[0] if done_at else end
     rows, secs = sum(r for r, _ in later), sum(t for _, t in later)
-    return {"wall": end - t0, "startup": start - t0, "processing": end - start, "peak_rss": peak,
-            "steady": rows / secs if secs else float("nan")}
+    return {"wall": end - t0, "startup": start - t0, "processing": done - start, "shutdown": end - done,
+            "peak_rss": peak, "steady": rows / secs if secs else float("nan")}
 
 
 def write_config(path: Path, bootstrap: str, topic: str, data: Path, max_batch: int, extra: str = "") -> Path:
@@ -149,7 +154,8 @@ def main() -> None:
     bronze = n / r["processing"]
     print(
         f"(b) bronze, faultwatch stream --once: {bronze:,.0f} events/s "
-        f"({r['processing']:.1f}s processing + {r['startup']:.1f}s start-up; whole process {n / r['wall']:,.0f} events/s)"
+        f"({r['processing']:.1f}s processing + {r['startup']:.1f}s start-up + {r['shutdown']:.1f}s shutdown; "
+        f"whole process {n / r['wall']:,.0f} events/s)"
     )
     print(f"ratio bronze / ceiling: {bronze / (n / ceiling_s):.2f}")
     print(

@@ -235,14 +235,25 @@ def _watch(
             exc = q.exception()
             if exc is not None:
                 failed[name] = _short_error(exc)
-        if failed or not any(q.isActive for q in queries.values()):
+        active = [q for q in queries.values() if q.isActive]
+        if failed or not active:
             break
         if deadline is not None and time.monotonic() > deadline:
             break
         if on_tick is not None:
             on_tick()
-        time.sleep(0.5)
+        _wait_for_end(active[0], 0.5)
     return failed
+
+
+def _wait_for_end(query: StreamingQuery, seconds: float) -> None:
+    """Sleep up to ``seconds``, waking as soon as ``query`` ends (``--once`` exits without a poll's delay)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        query.awaitTermination(seconds)
+    except StreamingQueryException:
+        pass  # _watch reads it from query.exception() and reports it
 
 
 def _short_error(exc: Any) -> str:
