@@ -191,13 +191,13 @@ class FaultTable:
         self._snapshot = None
         item = self.items.get(broker)
         if self.windows_only_grow:  # 5.x: the avoid-until time only moves later; a new item starts at 0
-            candidate = now_ms + duration
             if item is None:
+                candidate = now_ms + duration
                 self.items[broker] = [latency_ms, candidate if duration > 0 and candidate > 0 else 0, bool(reachable)]
             else:
                 item[0] = latency_ms
-                if duration > 0 and candidate > item[1]:
-                    item[1] = candidate
+                if duration > 0 and now_ms + duration > item[1]:  # the sum only then: timestamps are big ints
+                    item[1] = now_ms + duration
                 item[2] = bool(reachable)
         elif item is None:  # 4.9: always now + duration, and no reachable flag
             self.items[broker] = [latency_ms, now_ms + duration, True]

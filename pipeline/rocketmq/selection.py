@@ -20,12 +20,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pipeline.rocketmq.fault import FaultState, FaultTable, Generation, rank_49
 from pipeline.rocketmq.outcomes import SUCCESS_STATUSES, update_args_for
 from pipeline.rocketmq.queues import MessageQueue
 
-_MASK = 0x7FFFFFFF
+_MASK = 0x7FFFFFFF  # also Integer.MAX_VALUE
 # DefaultMQProducer.retryResponseCodes: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR,
 # NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT. SYSTEM_BUSY (2, "[TIMEOUT_CLEAN_QUEUE]") is absent.
 RETRY_RESPONSE_CODES = frozenset({17, 14, 1, 16, 204, 205})
@@ -64,8 +65,10 @@ class ThreadLocalIndex:
         value = self._value
         if value is None:
             value = self._rng.randrange(_MASK + 1)
-        self._value = value = ((value + 1 + 2**31) % 2**32) - 2**31
-        return value & _MASK
+        # Only Integer.MAX_VALUE wraps, and masking leaves a non-negative value as it is: comparisons,
+        # cheaper than arithmetic on these (often multi-digit) ints. Runs once per message sent.
+        self._value = value = value + 1 if value != _MASK else -_MASK - 1
+        return value if value >= 0 else value & _MASK
 
     def reset(self) -> None:
         """5.x ``resetIndex`` on a retry: ``random.nextInt(Integer.MAX_VALUE)``."""
@@ -226,6 +229,13 @@ class ProducerSelector:
     retry_response_codes: frozenset[int] = RETRY_RESPONSE_CODES
     seed: int | None = 0
     state: FaultState = _StateView()  # type: ignore[assignment]
+    # Whether send_attempts may inline select and record, fixed when a subclass is defined: one
+    # attribute read per message instead of looking both methods up on the class.
+    _inline_steps: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._inline_steps = cls.select is ProducerSelector.select and cls.record is ProducerSelector.record
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)

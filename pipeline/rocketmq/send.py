@@ -97,8 +97,7 @@ def send_attempts(
     generation are looked up once per message, not through three layers of calls per attempt.
     A subclass that overrides either goes through :func:`_send_via_methods`, the same loop.
     """
-    cls = type(producer)
-    if cls.select is not ProducerSelector.select or cls.record is not ProducerSelector.record:
+    if not producer._inline_steps:
         return _send_via_methods(producer, route, attempt, now_ms, retries, timeout_ms, thread)
     attempts: list[AttemptRow] = []
     clock = now_ms
@@ -111,15 +110,14 @@ def send_attempts(
         faults = producer.fault_table()
     items = faults.items
     five = faults.windows_only_grow
-    generation = faults.gen.name
     on_change = producer.on_change
-    has_queues = bool(route.queues)
+    queues = route.queues
     times = -1
     while times < retries:  # times = 0 .. retries, as range(1 + retries) but without allocating it
         times += 1
         if timeout_ms is not None and clock - now_ms > timeout_ms:
             return False, attempts, clock, True
-        if not has_queues:
+        if not queues:
             break
         if not enabled:
             mq = _select_plain(route, index, last_broker)
@@ -137,7 +135,7 @@ def send_attempts(
             isolation, reachable = False, True
         else:
             status = "FAILED"
-            isolation, reachable = failure_args(generation, status, error, producer.detector_enabled)
+            isolation, reachable = failure_args(faults.gen.name, status, error, producer.detector_enabled)
         duration = None
         if enabled:
             duration = faults.update(last_broker, latency, isolation, reachable, end)

@@ -82,6 +82,8 @@ class BrokerModel:
         self._faults: dict[str, list[ActiveFault]] = {name: [] for name in self.names}
         for f in scenario.faults:
             self._faults[f.broker].append(resolve_fault(f, epoch_ms, end_ms))
+        # Brokers without any scheduled fault: always on the healthy path (ProducerLink).
+        self._fault_free = frozenset(name for name, faults in self._faults.items() if not faults)
         # Per broker: (valid_from, valid_to, active faults) — the fault set is constant in between.
         self._cache: dict[str, tuple[int, int, tuple[ActiveFault, ...]]] = {}
 
@@ -155,20 +157,24 @@ class BrokerModel:
 class ProducerLink:
     """One producer's side of the brokers: answers each attempt of a message and keeps its clock.
 
-    It is the ``attempt(queue)`` callback of ``pipeline.rocketmq``'s send loop, which starts each
-    attempt when the previous one ended (``end = begin + max(latency, 0)``); the same arithmetic here
-    gives the model each attempt's start time and remaining send timeout. ``stored`` says, per
-    attempt of the current message, whether the broker stored it. The common case, a broker without
-    an active fault, is :meth:`BrokerModel.attempt` inlined (same draws, same answer): it runs once
-    per event the simulator emits.
+    :meth:`attempt` is the ``attempt(queue)`` callback of ``pipeline.rocketmq``'s send loop, which
+    starts each attempt when the previous one ended (``end = begin + max(latency, 0)``); the same
+    arithmetic here gives the model each attempt's start time and remaining send timeout.
+    ``stored`` says, per attempt of the current message, whether the broker stored it. The common
+    case, a broker without an active fault, is :meth:`BrokerModel.attempt` inlined (same draws,
+    same answer): it runs once per event the simulator emits.
     """
 
-    __slots__ = ("_base", "_cache", "_model", "_random", "_rng", "clock", "first", "stored", "timeout_ms")
+    __slots__ = (
+        "_base", "_cache", "_fault_free", "_model", "_random", "_rng",
+        "clock", "first", "stored", "timeout_ms",
+    )
 
     def __init__(self, model: BrokerModel, rng: random.Random, timeout_ms: int) -> None:
         self._model = model
         self._base = model._base
         self._cache = model._cache
+        self._fault_free = model._fault_free
         self._rng = rng
         self._random = rng.random
         self.timeout_ms = timeout_ms
@@ -181,12 +187,16 @@ class ProducerLink:
         self.clock = self.first = now_ms
         self.stored = []
 
-    def __call__(self, mq: MessageQueue) -> tuple[int, bool, str | None]:
+    def attempt(self, mq: MessageQueue) -> tuple[int, bool, str | None]:
         begin = self.clock
         budget = self.timeout_ms - (begin - self.first)
         broker = mq.broker
-        cached = self._cache.get(broker)
-        if budget > 0 and cached is not None and not cached[2] and cached[0] <= begin < cached[1]:
+        # A broker without any scheduled fault is always healthy: no lookup in the time-bound cache.
+        healthy = broker in self._fault_free
+        if not healthy:
+            cached = self._cache.get(broker)
+            healthy = cached is not None and not cached[2] and cached[0] <= begin < cached[1]
+        if budget > 0 and healthy:
             median, sigma = self._base[broker]
             # rng.gauss(0.0, 1.0), inlined with the same draws and the same cached second value
             # (``gauss_next``, shared with the model's own calls): this runs once per event.

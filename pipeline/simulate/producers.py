@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections import defaultdict
 from typing import Any
 
 from pipeline.rocketmq.fault import get_generation
@@ -80,6 +81,12 @@ class SimProducer:
         self.cluster = cluster
         self.route = route
         self.queue_logs = queue_logs
+        # The same logs as broker -> list by queue id (ids run 0..n-1): a stored row finds its log
+        # with two subscripts instead of building and hashing a (broker, queue id) key.
+        self._broker_logs = {
+            broker: [queue_logs[(broker, qid)] for qid in range(n)]
+            for broker, n in route.write_queue_nums.items()
+        }
         self.generation = get_generation(generation_for_client_version(spec.client_version))
         self.rng = random.Random(stable_seed(seed, client_id, "traffic"))
         selector_class = TracedSelector if spec.fault_tolerance else ProducerSelector
@@ -104,8 +111,8 @@ class SimProducer:
         self._head = (cluster, spec.group, client_id, spec.client_version, route.topic)
         self._fe = fe
 
-    def run_until(self, end_ms: int, out: list[list[Any]]) -> None:
-        """Send every message whose start time is before ``end_ms``; append one row per attempt.
+    def run_until(self, end_ms: int, out: defaultdict[int, list[list[Any]]]) -> None:
+        """Send every message whose start time is before ``end_ms``; add each attempt's row to ``out[ts]``.
 
         A message started before ``end_ms`` is sent to completion, so some rows may lie later; the
         engine holds them back until their time.
@@ -116,21 +123,25 @@ class SimProducer:
         stop = self.stop_ms
         spec = self.spec
         selector, route, link = self.selector, self.route, self._link
+        # A bound method: the interpreter runs it in the caller's eval loop, where calling the link
+        # itself (a __call__ instance) would go through the C call slot, once per attempt.
+        attempt = link.attempt
         retries, timeout = spec.retries, spec.send_timeout_ms
         cluster, group, cid, version, topic = self._head
         id_prefix = cid + "-"
-        report_args, fe, logs = spec.report_fault_args, self._fe, self.queue_logs
+        report_args, fe, logs = spec.report_fault_args, self._fe, self._broker_logs
         report_reachable = report_args and self.generation.name == GEN_5  # 4.9 has no reachable flag
         rnd, gap = self.rng.random, self._gap_mean_ms
         seq = self.seq
         messages = 0
-        while t < end_ms:
+        end_f = float(end_ms)  # float < float is cheaper than float < a (multi-digit) int timestamp
+        while t < end_f:
             now = int(t)
             if stop is not None and now >= stop:
                 t = float("inf")
                 break
             link.start(now)
-            _, attempts, end, _ = send_attempts(selector, route, link, now, retries, timeout_ms=timeout)
+            _, attempts, end, _ = send_attempts(selector, route, attempt, now, retries, timeout_ms=timeout)
             stored = link.stored
             if attempts and link.clock != end:
                 raise AssertionError(
@@ -146,18 +157,21 @@ class SimProducer:
                     status = "SEND_OK"
                 else:
                     status, error = (error if error in SUCCESS_STATUSES else "SEND_OK"), None
-                out.append([
+                out[ts].append([
                     id_prefix + str(seq).zfill(10),  # f"{cid}-{seq:010d}", faster
                     ts, cluster, group, cid, version, topic, broker, qid,
                     status, latency, error, None, i,
                     isolation if report_args else None,
                     reachable if report_reachable else None,
                     fe,
-                    logs[(broker, qid)] if stored[i] else None,
+                    logs[broker][qid] if stored[i] else None,
                 ])
             messages += 1
-            # Poisson arrivals (expovariate inlined: this loop runs once per message).
-            t = max(float(end), t - _log(1.0 - rnd()) * gap)
+            # Poisson arrivals (expovariate inlined: this loop runs once per message), not before the
+            # previous message ended; a comparison, as builtin max() parses its arguments on every call.
+            t -= _log(1.0 - rnd()) * gap
+            if t < end:
+                t = float(end)
         self.messages += messages
         self.seq = seq
         self.next_ms = t
