@@ -1,23 +1,24 @@
-"""The Delta sink's driver side on real Delta tables: one commit per table and batch, replays skipped,
-and abort removes only the files of a batch no table committed."""
+"""The Delta sink on real Delta tables: one commit per table and batch, replays skipped, and a failed
+batch's files removed only where no table committed the batch."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from schemas.tables import ROUTE_COLUMN, table
-from streaming.delta_sink import DeltaStreamWriter, ensure_tables
+from streaming.delta_sink import RoutedCommit, RoutedDeltaWriter, ensure_tables
+from streaming.kafka_source import to_chunks
 
 TABLES = ["broker_health", "broker_fault_episodes"]
 
 
-def _writer(root: Path) -> DeltaStreamWriter:
+def _writer(root: Path) -> RoutedDeltaWriter:
     ensure_tables(str(root), TABLES)
-    return DeltaStreamWriter({"root": str(root), "tables": json.dumps(TABLES), "app_id": "test:sink"})
+    return RoutedDeltaWriter(str(root), TABLES, "test:sink")
 
 
 def _rows(name: str, n: int) -> pa.RecordBatch:
@@ -66,3 +67,59 @@ def test_abort_deletes_the_files_of_an_uncommitted_batch_only(tmp_path: Path) ->
     assert _data_files(tmp_path, "broker_health") == kept
     assert _data_files(tmp_path, "broker_fault_episodes") == set()
     assert DeltaTable(str(tmp_path / "broker_health")).to_pyarrow_table().num_rows == 3
+
+
+def test_discard_finds_a_failed_batchs_files_by_name(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    w.commit([w.write(iter([_rows("broker_health", 3)]), batch_id=0)], 0)
+    kept = _data_files(tmp_path, "broker_health")
+    other_query = RoutedDeltaWriter(str(tmp_path), TABLES, "test:other")
+    other_query.write(iter([_rows("broker_health", 2)]), batch_id=1)  # not this query's files
+    theirs = _data_files(tmp_path, "broker_health") - kept
+    w.write(iter([_rows("broker_health", 4), _rows("broker_fault_episodes", 1)]), batch_id=1)
+    w.write(iter([_rows("broker_health", 5)]), batch_id=1)  # a second task of the failed job
+    w.discard(1)
+    assert _data_files(tmp_path, "broker_health") == kept | theirs
+    assert _data_files(tmp_path, "broker_fault_episodes") == set()
+    w.discard(0)  # the log holds batch 0: its files are live data
+    assert _data_files(tmp_path, "broker_health") == kept | theirs
+    assert DeltaTable(str(tmp_path / "broker_health")).to_pyarrow_table().num_rows == 3
+
+
+def test_a_task_message_survives_its_trip_to_the_driver(tmp_path: Path) -> None:
+    msg = _writer(tmp_path).write(iter([_rows("broker_health", 3), _rows("broker_fault_episodes", 2)]))
+    back = RoutedCommit.from_json(msg.to_json())
+    assert back == msg
+    assert sorted(f.num_records for f in back.files) == [2, 3]
+
+
+def _chunk(batch: pa.RecordBatch) -> tuple[str, int, bytes]:
+    """One chunk row as the Kafka source emits it: (table, rows, Arrow IPC stream)."""
+    row = to_chunks(batch).to_pylist()[0]
+    return row[ROUTE_COLUMN], row["rows"], row["arrow"]
+
+
+@pytest.mark.spark
+def test_batch_function_writes_on_executors_commits_once_and_cleans_up_a_failed_batch(
+    spark, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    w = _writer(tmp_path)
+    run = w.batch_function()
+    ddl = "_table string, rows long, arrow binary"
+    rows = [_chunk(_rows("broker_health", 3)), _chunk(_rows("broker_health", 4)),
+            _chunk(_rows("broker_fault_episodes", 2))]
+    batch = spark.createDataFrame(rows, ddl).repartition(2)
+    run(batch, 0)
+    run(batch, 0)  # replayed after a crash: skipped
+    health = DeltaTable(str(tmp_path / "broker_health"))
+    assert health.to_pyarrow_table().num_rows == 7
+    assert health.transaction_version("test:sink") == 0
+    assert DeltaTable(str(tmp_path / "broker_fault_episodes")).to_pyarrow_table().num_rows == 2
+    kept = _data_files(tmp_path, "broker_health")
+
+    misrouted = ("no_such_table",) + _chunk(_rows("broker_health", 1))[1:]
+    bad = spark.createDataFrame(rows + [misrouted], ddl).repartition(3)
+    with pytest.raises(Exception, match="no_such_table"):
+        run(bad, 1)
+    assert _data_files(tmp_path, "broker_health") == kept  # no file of batch 1 is left behind
+    assert health.transaction_version("test:sink") == 0
