@@ -15,12 +15,13 @@ Two shapes of ``faultwatch stream``, same step:
 
 Measured with ``bench/faults.py`` (1M events, 50 brokers, 500 producers, 2 cores): the combined
 query runs at 0.58-0.72 of bronze alone (this VM's speed drifts by a third: 31-39k events/s with the
-earlier Data Source sink, 35.6k, 43.1k and 43.2k since the sink writes through ``foreachBatch``, which
-starts two fewer Python processes), two queries at ~0.59; live at 5,000 events/s with a 1 s trigger,
-window rows are readable in Delta p95 1.9-3.1 s after the event, where two queries fell behind. Per 200k-event batch: the Kafka
-read stage ~2.5 s on both cores, the stateful task ~1.5-1.7 s on one (in it the fault step takes
-0.55-0.8 s, state decode + encode ~0.15 s, events to columns ~0.1 s; the rest is Spark moving the
-chunks in and out), the Parquet writes ~0.3 s, ~0.4 s between jobs (commit, offsets, planning).
+earlier Data Source sink; 35.6k, 43.1k, 43.2k and 39.9k since the sink writes through
+``foreachBatch``, which starts two fewer Python processes), two queries at ~0.59; live at 5,000
+events/s with a 1 s trigger, window rows are readable in Delta p95 1.9-3.1 s after the event, where
+two queries fell behind. Per 200k-event batch: the Kafka read stage ~2.5 s on both cores, the
+stateful task ~1.5-1.7 s on one (in it the fault step takes 0.55-0.8 s, state decode + encode
+~0.15 s, events to columns ~0.1 s; the rest is Spark moving the chunks in and out), the Parquet
+writes ~0.3 s, ~0.4 s between jobs (commit, offsets, planning).
 
 Why (each choice measured or verified on this machine, Spark 4.3, 2 cores):
 
