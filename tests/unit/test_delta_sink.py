@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from schemas.tables import ROUTE_COLUMN, table
 from streaming.delta_sink import RoutedCommit, RoutedDeltaWriter, ensure_tables
-from streaming.kafka_source import to_chunks
+from streaming.kafka_source import CHUNK_SCHEMA, to_chunks
 
 TABLES = ["broker_health", "broker_fault_episodes"]
 
@@ -105,10 +105,9 @@ def test_batch_function_writes_on_executors_commits_once_and_cleans_up_a_failed_
 ) -> None:
     w = _writer(tmp_path)
     run = w.batch_function()
-    ddl = "_table string, rows long, arrow binary"
     rows = [_chunk(_rows("broker_health", 3)), _chunk(_rows("broker_health", 4)),
             _chunk(_rows("broker_fault_episodes", 2))]
-    batch = spark.createDataFrame(rows, ddl).repartition(2)
+    batch = spark.createDataFrame(rows, CHUNK_SCHEMA).repartition(2)
     run(batch, 0)
     run(batch, 0)  # replayed after a crash: skipped
     health = DeltaTable(str(tmp_path / "broker_health"))
@@ -118,8 +117,8 @@ def test_batch_function_writes_on_executors_commits_once_and_cleans_up_a_failed_
     kept = _data_files(tmp_path, "broker_health")
 
     misrouted = ("no_such_table",) + _chunk(_rows("broker_health", 1))[1:]
-    bad = spark.createDataFrame(rows + [misrouted], ddl).repartition(3)
+    bad = spark.createDataFrame(rows + [misrouted], CHUNK_SCHEMA).repartition(3)
     with pytest.raises(Exception, match="no_such_table"):
         run(bad, 1)
     assert _data_files(tmp_path, "broker_health") == kept  # no file of batch 1 is left behind
-    assert health.transaction_version("test:sink") == 0
+    assert DeltaTable(str(tmp_path / "broker_health")).transaction_version("test:sink") == 0  # log reread
