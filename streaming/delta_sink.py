@@ -8,6 +8,13 @@ already in the table's log and is skipped, so a kill at any moment neither loses
 rows. When a batch fails, only files of tables whose log does not hold the batch are deleted; files
 of a replayed batch that was already committed stay as orphans until ``vacuum``.
 
+Files can also arrive already written: the Kafka source's write mode (the ``bronze_faults`` query)
+writes bronze Parquet in the reader tasks and sends ``WRITTEN`` chunk rows listing them, which
+this sink only commits. Their names come from the Kafka offset range, not the batch id, and
+:func:`write_table_files` keeps a file that is already there: a replayed batch reads the same
+ranges and so reuses, never duplicates, them. A failed batch's reader files are left for that
+replay; if the query never runs again they stay uncommitted, invisible to readers, until ``vacuum``.
+
 Why ``foreachBatch`` and not a Python Data Source writer (which this sink was until Nov 2026): the
 writer needs two more Python planner daemons at query start (``write_into_data_source`` and the
 commit runner), each a fresh interpreter. Measured on this 2-core machine, the first micro-batch of
@@ -21,9 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +51,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 COMMIT_COLUMN = "commit"  # one row per write task: its RoutedCommit as JSON
+# Route of chunk rows listing Parquet files a Kafka reader task already wrote (``arrow`` holds their
+# DataFile list as JSON, ``rows`` the Kafka records the task read): the sink only commits them.
+WRITTEN = "_written"
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,47 @@ def ensure_tables(root: str, names: Sequence[str]) -> None:
             )
 
 
+def write_table_files(
+    root: str, name: str, rows: pa.Table, stem: Callable[[int], str], keep_existing: bool = False
+) -> list[DataFile]:
+    """Write ``rows`` into table ``name``'s folder, one Parquet file per partition value.
+
+    ``stem(i)`` names the i-th file (without suffix). With ``keep_existing`` the names must be
+    deterministic: a file already there is kept as it is (it may be committed data), and a new one
+    appears atomically (written aside, then renamed), so a retried task never leaves half a file.
+    """
+    spec = table(name)
+    schema = spec.arrow_schema()
+    rows = rows.select(spec.columns).cast(schema)
+    groups: list[tuple[dict[str, str], pa.Table]]
+    if spec.partition_by:
+        keys = rows.select(list(spec.partition_by)).group_by(list(spec.partition_by)).aggregate([])
+        groups = []
+        for values in sorted(keys.to_pylist(), key=lambda v: [str(x) for x in v.values()]):
+            mask = None
+            for col, val in values.items():
+                cond = pc.equal(rows.column(col), val)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            groups.append(({k: str(v) for k, v in values.items()}, rows.filter(mask)))
+    else:
+        groups = [({}, rows)]
+    out = []
+    for i, (values, part) in enumerate(groups):
+        subdir = "/".join(f"{k}={v}" for k, v in values.items())
+        rel = (subdir + "/" if subdir else "") + f"{stem(i)}.zstd.parquet"
+        full = Path(root) / name / rel
+        full.parent.mkdir(parents=True, exist_ok=True)
+        if not (keep_existing and full.exists()):
+            # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
+            data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+            target = full.with_name(f".{full.name}.{uuid.uuid4().hex}.tmp") if keep_existing else full
+            pq.write_table(data, target, compression="zstd")
+            if keep_existing:
+                os.replace(target, full)
+        out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows))
+    return out
+
+
 class RoutedDeltaWriter:
     """Writes a batch's routed rows as Parquet (executors) and commits them to Delta (driver)."""
 
@@ -96,19 +148,33 @@ class RoutedDeltaWriter:
         self.app_id = app_id
         self.report_dir = report_dir
         # File names carry the query and the batch, so a failed batch's files can be found again.
-        self.file_tag = hashlib.sha1(app_id.encode()).hexdigest()[:10]
+        self.file_tag = file_tag(app_id)
 
     # -- executors ---------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch], batch_id: int = 0) -> RoutedCommit:
-        """Write one task's rows (routed rows, or chunk rows of the Kafka source) as Parquet files."""
+        """Write one task's rows (routed rows, or chunk rows of the Kafka source) as Parquet files.
+
+        Chunk rows routed to ``WRITTEN`` list files a Kafka reader already wrote: they are only
+        committed. ``events_in`` is what the readers read: the records of the ``WRITTEN`` rows
+        when there are any (the other chunks are then rows the query derived), else every chunk's.
+        """
         by_table: dict[str, list[pa.RecordBatch]] = {}
-        events_in: int | None = None
+        files: list[DataFile] = []
+        chunk_rows: int | None = None
+        records_read: int | None = None
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
             if "arrow" in batch.schema.names:  # chunked input (see streaming.kafka_source.to_chunks)
-                events_in = (events_in or 0) + sum(batch.column("rows").to_pylist())
-                for name, payload in zip(batch.column(ROUTE_COLUMN).to_pylist(), batch.column("arrow").to_pylist()):
+                for name, rows, payload in zip(batch.column(ROUTE_COLUMN).to_pylist(),
+                                               batch.column("rows").to_pylist(), batch.column("arrow").to_pylist()):
+                    if name == WRITTEN:
+                        records_read = (records_read or 0) + rows
+                        for data_file in json.loads(payload):
+                            self._check_route(data_file["table"])
+                            files.append(DataFile(**data_file))
+                        continue
+                    chunk_rows = (chunk_rows or 0) + rows
                     self._check_route(name)
                     by_table.setdefault(name, []).extend(pa.ipc.open_stream(payload).read_all().to_batches())
                 continue
@@ -117,11 +183,10 @@ class RoutedDeltaWriter:
                 self._check_route(name)
                 part = batch.filter(pc.equal(routes, name))
                 by_table.setdefault(name, []).append(part)
-        files: list[DataFile] = []
         for name, batches in by_table.items():
             if batches:
                 files.extend(self._write_table(name, pa.Table.from_batches(batches), batch_id))
-        return RoutedCommit(files, events_in)
+        return RoutedCommit(files, chunk_rows if records_read is None else records_read)
 
     def _file_prefix(self, batch_id: int) -> str:
         return f"part-{self.file_tag}-b{batch_id}-"
@@ -131,32 +196,8 @@ class RoutedDeltaWriter:
             raise ValueError(f"row routed to {name!r}, which this sink does not write ({self.tables})")
 
     def _write_table(self, name: str, rows: pa.Table, batch_id: int) -> list[DataFile]:
-        spec = table(name)
-        schema = spec.arrow_schema()
-        rows = rows.select(spec.columns).cast(schema)
-        groups: list[tuple[dict[str, str], pa.Table]]
-        if spec.partition_by:
-            keys = rows.select(list(spec.partition_by)).group_by(list(spec.partition_by)).aggregate([])
-            groups = []
-            for values in keys.to_pylist():
-                mask = None
-                for col, val in values.items():
-                    cond = pc.equal(rows.column(col), val)
-                    mask = cond if mask is None else pc.and_(mask, cond)
-                groups.append(({k: str(v) for k, v in values.items()}, rows.filter(mask)))
-        else:
-            groups = [({}, rows)]
-        out = []
-        for values, part in groups:
-            subdir = "/".join(f"{k}={v}" for k, v in values.items())
-            rel = (subdir + "/" if subdir else "") + f"{self._file_prefix(batch_id)}{uuid.uuid4().hex}.zstd.parquet"
-            full = Path(self.root) / name / rel
-            full.parent.mkdir(parents=True, exist_ok=True)
-            # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
-            data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
-            pq.write_table(data, full, compression="zstd")
-            out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows))
-        return out
+        prefix = self._file_prefix(batch_id)
+        return write_table_files(self.root, name, rows, lambda _: f"{prefix}{uuid.uuid4().hex}")
 
     # -- driver --------------------------------------------------------------------------------
     def commit(self, messages: Sequence[RoutedCommit | None], batchId: int) -> None:
@@ -277,13 +318,23 @@ def write_routed(
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing)."""
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
-    writer = RoutedDeltaWriter(cfg.storage.root, tables, f"{cfg.stream.app_id}:{name}", report_dir(checkpoint))
+    writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint))
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)
         .option("checkpointLocation", checkpoint)
         .outputMode("append")
     )
+
+
+def app_id(cfg: Config, name: str) -> str:
+    """The Delta transaction app id of query ``name``."""
+    return f"{cfg.stream.app_id}:{name}"
+
+
+def file_tag(app_id: str) -> str:
+    """What the names of a query's data files start with (after ``part-``)."""
+    return hashlib.sha1(app_id.encode()).hexdigest()[:10]
 
 
 def checkpoint_dir(cfg: Config, name: str) -> str:

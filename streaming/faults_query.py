@@ -4,10 +4,11 @@ Two shapes of ``faultwatch stream``, same step:
 
 - ``build_bronze_faults`` (concern ``bronze_faults``, the default): ONE query for bronze and faults.
   Reading Kafka is nearly all of bronze's cost (kafka-python's fetch and the decode) and a separate
-  faults query pays it again. The combined query reads once; every source chunk passes through the
-  stateful function unchanged to its bronze table, the fault rows join as chunks of their tables,
-  and one sink commits all of them exactly once. The stateful step is one task, so its output is
-  hashed over the cores again before the Parquet writes.
+  faults query pays it again. The combined query reads once. Its Kafka reader tasks write the
+  bronze Parquet files themselves, on every core (the source's write mode), and emit the list of
+  those files plus the send results as chunks; the stateful function feeds the send results to the
+  fault step and passes the file lists on, the fault rows join as chunks of their tables, and one
+  sink commits all of them exactly once.
 - ``build_faults`` (concern ``faults``, with ``bronze`` as a second query): its own Kafka read ->
   ``applyInPandasWithState`` under one constant key -> routed rows for ``producer_fault_windows``,
   ``broker_fault_episodes``, ``broker_health``, ``quarantine``. Kept for running the fault state
@@ -16,12 +17,16 @@ Two shapes of ``faultwatch stream``, same step:
 Measured with ``bench/faults.py`` (1M events, 50 brokers, 500 producers, 2 cores): the combined
 query runs at 0.58-0.72 of bronze alone (this VM's speed drifts by a third: 31-39k events/s with the
 earlier Data Source sink; 35.6k, 43.1k, 43.2k and 39.9k since the sink writes through
-``foreachBatch``, which starts two fewer Python processes), two queries at ~0.59; live at 5,000
+``foreachBatch``, which starts two fewer Python processes), two queries at ~0.59. Since the readers
+write bronze themselves, the bronze rows no longer pass through the one-task stateful step and
+back out through a second shuffle to the writers: paired runs (old/new alternated, dev harness,
+1M events) 31.9k -> 38.2k and 35.2k -> 41.7k events/s. Live at 5,000
 events/s with a 1 s trigger, window rows are readable in Delta p95 1.9-3.1 s after the event, where
 two queries fell behind. Per 200k-event batch: the Kafka read stage ~2.5 s on both cores, the
 stateful task ~1.5-1.7 s on one (in it the fault step takes 0.55-0.8 s, state decode + encode
 ~0.15 s, events to columns ~0.1 s; the rest is Spark moving the chunks in and out), the Parquet
-writes ~0.3 s, ~0.4 s between jobs (commit, offsets, planning).
+writes ~0.3 s, ~0.4 s between jobs (commit, offsets, planning). With the readers writing: read
+stage ~2.3-2.7 s, stateful task ~1.3-1.6 s (step 0.5-0.8 s), no separate write stage.
 
 Why (each choice measured or verified on this machine, Spark 4.3, 2 cores):
 
@@ -69,6 +74,7 @@ from pipeline.faults import (
 )
 from schemas.fields import spark_schema
 from schemas.tables import ROUTE_COLUMN, routed_fields, table
+from streaming.delta_sink import WRITTEN
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -199,8 +205,9 @@ def build_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
 # -- bronze and faults from one Kafka read ------------------------------------------------------
 # Reading Kafka is most of bronze's cost (kafka-python's fetch and the decode: ~30 core-seconds per
 # million events here), and a separate faults query pays it again. The combined query reads once:
-# every chunk goes through the fault step's function unchanged (to its bronze table) and the fault
-# rows join them as chunks of their own tables; one sink commits all of them, exactly once.
+# the reader tasks write the bronze files and list them (``WRITTEN`` rows), the send results also
+# reach the fault step as chunks, and the fault rows join the file lists as chunks of their own
+# tables; one sink commits all of them, exactly once.
 
 COMBINED = "bronze_faults"
 BRONZE_KINDS = ("send_result", "consumer_progress", "group_membership")
@@ -218,16 +225,18 @@ def _fault_chunks(out: Any) -> list[tuple[str, int, bytes]]:
 
 
 def combined_function(cfg: Config) -> Any:
-    """Pass every bronze chunk through; add the fault rows of the batch's send results as chunks."""
+    """Pass the readers' file lists through; add the fault rows of the batch's send results as chunks."""
     faults = cfg.faults
     delay_ms = int(cfg.stream.watermark_delay_s * 1000)
 
     def run(key: tuple[str], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         fleet = decode_fleet(state.get) if state.exists else FleetState()
         sends: list[pd.DataFrame] = []
-        for frame in frames:  # bronze chunks go back out as they come: no batch-sized copy is held
+        for frame in frames:  # the readers wrote the bronze files: only their lists go on to the sink
             sends.append(frame.loc[frame[ROUTE_COLUMN] == BRONZE, ["arrow", NOW]])
-            yield frame[[ROUTE_COLUMN, "rows", "arrow"]]
+            written = frame[ROUTE_COLUMN] == WRITTEN
+            if written.any():
+                yield frame.loc[written, [ROUTE_COLUMN, "rows", "arrow"]]
         events, now_ms = _events_of(iter(sends))
         del sends
         fleet, out = fleet_step(fleet, from_arrow_table(events), faults, delay_ms, now_ms)
@@ -259,21 +268,13 @@ def build_bronze_faults_output(chunks_df: DataFrame, cfg: Config) -> DataFrame:
 
 def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     """One query for bronze and the fault tables (one Kafka read, one sink): see above."""
-    from pyspark.sql import functions as F
-
-    from streaming.delta_sink import write_routed
+    from streaming.delta_sink import app_id, file_tag, write_routed
     from streaming.kafka_source import output_tables, read_events
 
-    events = read_events(spark, cfg, list(BRONZE_KINDS), COMBINED, chunked=True)
     tables = list(dict.fromkeys(output_tables(list(BRONZE_KINDS)) + list(FAULT_TABLES)))
-    # The stateful step runs as one task (one key); spread its output chunks again so the Parquet
-    # writes of the bronze tables use every core, as they do in the bronze-only query. The shuffle
-    # needs unsafe rows, which a pandas stateful function does not return (Spark 4.0 throws a
-    # ClassCastException on ColumnarBatchRow), so a projection converts them first.
-    output = build_bronze_faults_output(events, cfg)
-    output = (output.withColumn("_spread", F.xxhash64("arrow"))
-              .repartition(spark.sparkContext.defaultParallelism, "_spread").drop("_spread"))
-    return write_routed(output, cfg, COMBINED, tables)
+    events = read_events(spark, cfg, list(BRONZE_KINDS), COMBINED, chunked=True,
+                         write_tag=file_tag(app_id(cfg, COMBINED)), feed_tables=[BRONZE])
+    return write_routed(build_bronze_faults_output(events, cfg), cfg, COMBINED, tables)
 
 
 def state_metrics(progress: dict[str, Any]) -> dict[str, int]:

@@ -16,6 +16,7 @@ and on Apache Kafka alike.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -263,6 +264,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = partition.ranges if isinstance(partition, RangeGroup) else (partition,)
         tables = output_tables(list(dict.fromkeys(self.topics.values())))
         chunked = self.options.get("chunked") == "true"
+        write_root = self.options.get("write_root")
+        if write_root:
+            yield from self._read_and_write(ranges, tables, write_root)
+            return
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
             decoder = BatchDecoder(
@@ -272,6 +277,44 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 batch = decoder.decode(part.topic, part.partition, records)
                 yield to_chunks(batch) if chunked else batch
 
+    def _read_and_write(self, ranges: Sequence[Any], tables: list[str], root: str) -> Iterator[Any]:
+        """Write mode: this task writes its rows as Parquet into the tables' folders itself and yields
+        one ``WRITTEN`` chunk row listing the files (the sink commits them), plus chunks of the
+        ``feed`` tables for a stateful step downstream. File names come from the offset range, so a
+        replayed batch (same ranges) finds and reuses its files instead of writing them twice."""
+        import pyarrow as pa
+
+        from streaming.decode import BatchDecoder
+        from streaming.delta_sink import WRITTEN, write_table_files
+
+        feed = set(json.loads(self.options.get("feed_tables", "[]")))
+        tag = self.options.get("write_tag", "")
+        files: list[dict[str, Any]] = []
+        records_read = 0
+        for part in ranges:
+            assert isinstance(part, TopicPartitionRange)
+            decoder = BatchDecoder(
+                part.kind, tables=tables, max_event_bytes=int(self.options.get("max_event_bytes", "65536"))
+            )
+            parts: dict[str, list[Any]] = {}
+            for records in _fetch_range(self.options, part):
+                records_read += len(records)
+                split = by_table(decoder.decode(part.topic, part.partition, records))
+                for name, rows in split.items():
+                    parts.setdefault(name, []).append(rows)
+                fed = {name: rows for name, rows in split.items() if name in feed}
+                if fed:
+                    yield _chunks_of(fed)
+            stem = f"part-{tag}-{part.topic}-{part.partition}-{part.start}-{part.end}"
+            for name, batches in sorted(parts.items()):
+                rows = pa.Table.from_batches(batches)
+                written = write_table_files(root, name, rows, lambda i, stem=stem: f"{stem}-{i}", keep_existing=True)
+                files.extend(dataclasses.asdict(f) for f in written)
+        yield pa.RecordBatch.from_pydict(
+            {"_table": [WRITTEN], "rows": [records_read], "arrow": [json.dumps(files).encode()]},
+            schema=_chunk_arrow_schema(),
+        )
+
 
 # Bronze never needs Spark to look inside an event, so it can carry events as Arrow IPC chunks: one
 # Spark row per table and fetch (a few thousand events) instead of one per event. Measured on this
@@ -280,28 +323,43 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 CHUNK_SCHEMA = "_table string, rows long, arrow binary"
 
 
-def to_chunks(batch: Any) -> Any:
-    """A routed batch as one row per table: (table name, row count, Arrow IPC stream bytes)."""
-    import pyarrow as pa
+def by_table(batch: Any) -> dict[str, Any]:
+    """A routed batch split into each table's rows, with that table's columns and Arrow schema."""
     import pyarrow.compute as pc
 
     from schemas.tables import ROUTE_COLUMN, table
 
-    names, counts, payloads = [], [], []
     routes = batch.column(ROUTE_COLUMN)
+    out = {}
     for name in pc.unique(routes).to_pylist():
         spec = table(name)
-        part = batch.filter(pc.equal(routes, name)).select(spec.columns).cast(spec.arrow_schema())
+        out[name] = batch.filter(pc.equal(routes, name)).select(spec.columns).cast(spec.arrow_schema())
+    return out
+
+
+def to_chunks(batch: Any) -> Any:
+    """A routed batch as one row per table: (table name, row count, Arrow IPC stream bytes)."""
+    return _chunks_of(by_table(batch))
+
+
+def _chunks_of(parts: dict[str, Any]) -> Any:
+    import pyarrow as pa
+
+    names, counts, payloads = [], [], []
+    for name, part in parts.items():
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, part.schema) as writer:
             writer.write_batch(part)
         names.append(name)
         counts.append(part.num_rows)
         payloads.append(sink.getvalue().to_pybytes())
-    return pa.RecordBatch.from_pydict(
-        {"_table": names, "rows": counts, "arrow": payloads},
-        schema=pa.schema([("_table", pa.string()), ("rows", pa.int64()), ("arrow", pa.binary())]),
-    )
+    return pa.RecordBatch.from_pydict({"_table": names, "rows": counts, "arrow": payloads}, schema=_chunk_arrow_schema())
+
+
+def _chunk_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("_table", pa.string()), ("rows", pa.int64()), ("arrow", pa.binary())])
 
 
 def split_range(begin: int, end: int, max_rows: int) -> list[tuple[int, int]]:
@@ -367,13 +425,19 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
 
 
 def read_events(
-    spark: SparkSession, cfg: Config, kinds: Sequence[str], name: str, chunked: bool = False
+    spark: SparkSession,
+    cfg: Config,
+    kinds: Sequence[str],
+    name: str,
+    chunked: bool = False,
+    write_tag: str | None = None,
+    feed_tables: Sequence[str] = (),
 ) -> DataFrame:
     """A streaming DataFrame of decoded events of ``kinds``: routed rows (see module docstring), or
     with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`)."""
     register(spark)
     topics = {cfg.topics.event_topics()[k]: k for k in kinds}
-    return (
+    reader = (
         spark.readStream.format(SOURCE_NAME)
         .option("topics", json.dumps(topics))
         .option("max_rows", str(cfg.stream.max_events_per_batch))
@@ -384,8 +448,14 @@ def read_events(
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)
         .option("chunked", "true" if chunked else "false")
-        .load()
     )
+    if write_tag is not None:
+        reader = (
+            reader.option("write_root", cfg.storage.root)
+            .option("write_tag", write_tag)
+            .option("feed_tables", json.dumps(list(feed_tables)))
+        )
+    return reader.load()
 
 
 _REGISTERED: set[int] = set()

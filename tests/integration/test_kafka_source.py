@@ -150,3 +150,53 @@ def test_small_ranges_share_a_task() -> None:
     assert shape(pack_ranges([r(0, 30), r(1, 200), r(2, 30)], 100)) == [0, 1, 2]
     assert shape(pack_ranges([r(0, 30), r(1, 30)], 0)) == [0, 1]  # 0: never packed
     assert shape(pack_ranges([], 100)) == []
+
+
+def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The combined query's readers write bronze Parquet themselves. A task lists its files in one
+    ``WRITTEN`` row; a replay of the same offset range (a retried task or batch) finds the same
+    names and keeps the files as they are, so nothing is written twice or half; the send results
+    are also yielded as chunks for the fault step, and nothing else is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from kafka import KafkaProducer
+
+    from streaming.delta_sink import WRITTEN, ensure_tables
+    from tests.integration.bronze_data import malformed, send_result
+
+    create_topics(kafka.bootstrap, ["src.write"], 1)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=20)
+    for i in range(300):
+        value = malformed(i)[0] if i % 50 == 7 else send_result(i).to_json()
+        producer.send("src.write", value=value, partition=0)
+    producer.flush()
+    producer.close()
+    root = tmp_path / "tables"
+    ensure_tables(str(root), ["send_results", "quarantine"])
+    r = reader(kafka, "src.write", write_root=str(root), write_tag="t1", feed_tables='["send_results"]')
+    part = TopicPartitionRange("src.write", 0, "send_result", 0, 300)
+    try:
+        first = list(r.read(part))
+        mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")}
+        second = list(r.read(part))
+    finally:
+        r.stop()
+    listing = [b for b in first if b.column("_table").to_pylist() == [WRITTEN]]
+    assert len(listing) == 1 and listing[0].column("rows").to_pylist() == [300]
+    files = json.loads(listing[0].column("arrow")[0].as_py())
+    assert {f["table"] for f in files} == {"send_results", "quarantine"}
+    assert sum(f["num_records"] for f in files) == 300
+    assert all(f["path"].split("/")[-1].startswith("part-t1-src.write-0-0-300-") for f in files)
+    by_table = {name: sum(f["num_records"] for f in files if f["table"] == name) for name in ("send_results", "quarantine")}
+    assert by_table == {"send_results": 294, "quarantine": 6}
+    for f in files:
+        on_disk = pq.read_table(root / f["table"] / f["path"])
+        assert on_disk.num_rows == f["num_records"] and (root / f["table"] / f["path"]).stat().st_size == f["size"]
+    fed = [b for b in first if b.column("_table").to_pylist() != [WRITTEN]]
+    assert {name for b in fed for name in b.column("_table").to_pylist()} == {"send_results"}
+    fed_events = [pa.ipc.open_stream(p.as_py()).read_all() for b in fed for p in b.column("arrow")]
+    assert sum(t.num_rows for t in fed_events) == 294
+    # the replay: same listing, same files untouched, no temporary file left behind
+    assert [b.to_pylist() for b in second if b.column("_table").to_pylist() == [WRITTEN]] == [listing[0].to_pylist()]
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")} == mtimes
+    assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]

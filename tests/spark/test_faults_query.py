@@ -165,9 +165,11 @@ def test_vector_cases_through_spark_give_the_java_client_windows(spark: Any, tmp
     assert random_stream  # shared generator module imported for the e2e tests too
 
 
-def test_combined_query_passes_bronze_through_and_adds_the_fault_rows(spark: Any, tmp_path: Path) -> None:
-    """``build_bronze_faults``: one Kafka read for bronze and faults. Every source chunk comes out
-    unchanged; the fault tables' chunks hold exactly what the pure fleet step writes."""
+def test_combined_query_passes_file_lists_through_and_adds_the_fault_rows(spark: Any, tmp_path: Path) -> None:
+    """``build_bronze_faults``: one Kafka read for bronze and faults. The readers' file lists
+    (``WRITTEN`` rows) come out unchanged, the send-result chunks feed the step and stay inside, and
+    the fault tables' chunks hold exactly what the pure fleet step writes."""
+    from streaming.delta_sink import WRITTEN
     from streaming.faults_query import build_bronze_faults_output
     from streaming.kafka_source import to_chunks
 
@@ -188,14 +190,17 @@ def test_combined_query_passes_bronze_through_and_adds_the_fault_rows(spark: Any
     try:
         for i, batch in enumerate(batches):
             chunk = to_chunks(bronze_table(batch).combine_chunks().to_batches()[0])
-            sent += chunk.to_pylist()
-            pq.write_table(pa.Table.from_batches([chunk]), src / f"part-{i:04d}.parquet")
+            listing = {"_table": WRITTEN, "rows": chunk.num_rows, "arrow": f'[{{"batch": {i}}}]'.encode()}
+            sent.append(listing)
+            rows = pa.Table.from_batches([chunk]).to_pylist() + [listing]
+            pq.write_table(pa.Table.from_pylist(rows, schema=chunk.schema), src / f"part-{i:04d}.parquet")
             query.processAllAvailable()
         out = [r.asDict() for r in spark.sql("select * from combined").collect()]
     finally:
         query.stop()
-    passed = [r for r in out if r["_table"] == "send_results"]
-    assert sorted(bytes(r["arrow"]) for r in passed) == sorted(r["arrow"] for r in sent)
+    passed = [(r["rows"], bytes(r["arrow"])) for r in out if r["_table"] == WRITTEN]
+    assert sorted(passed) == sorted((r["rows"], r["arrow"]) for r in sent)
+    assert not [r for r in out if r["_table"] == "send_results"]
     got: dict[str, list[dict]] = {t: [] for t in FAULT_TABLES}
     for r in out:
         if r["_table"] in got:

@@ -3,6 +3,8 @@ batch's files removed only where no table committed the batch."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from schemas.tables import ROUTE_COLUMN, table
-from streaming.delta_sink import RoutedCommit, RoutedDeltaWriter, ensure_tables
+from streaming.delta_sink import WRITTEN, RoutedCommit, RoutedDeltaWriter, ensure_tables, write_table_files
 from streaming.kafka_source import CHUNK_SCHEMA, to_chunks
 
 TABLES = ["broker_health", "broker_fault_episodes"]
@@ -91,6 +93,31 @@ def test_a_task_message_survives_its_trip_to_the_driver(tmp_path: Path) -> None:
     back = RoutedCommit.from_json(msg.to_json())
     assert back == msg
     assert sorted(f.num_records for f in back.files) == [2, 3]
+
+
+def test_files_a_reader_wrote_are_committed_as_listed(tmp_path: Path) -> None:
+    """``WRITTEN`` chunk rows carry files written elsewhere (the Kafka readers): the sink commits
+    them without writing anything, counts the records the readers read, writes the other chunks
+    itself, and refuses a listing for a table it does not write."""
+    w = _writer(tmp_path)
+    listed = write_table_files(str(tmp_path), "broker_health", pa.Table.from_batches([_rows("broker_health", 4)]),
+                               lambda i: f"part-reader-{i}", keep_existing=True)
+    assert [f.path.split("/")[-1] for f in listed] == ["part-reader-0.zstd.parquet"]
+    listing = json.dumps([asdict(f) for f in listed]).encode()
+    episodes = to_chunks(_rows("broker_fault_episodes", 2)).to_pylist()[0]
+    chunks = pa.RecordBatch.from_pylist(
+        [{ROUTE_COLUMN: WRITTEN, "rows": 9, "arrow": listing}, episodes], schema=to_chunks(_rows("broker_health", 1)).schema
+    )
+    msg = w.write(iter([chunks]), batch_id=0)
+    assert msg.events_in == 9  # what the readers read, not the derived episode rows
+    assert [f for f in msg.files if f.table == "broker_health"] == listed
+    w.commit([msg], 0)
+    assert DeltaTable(str(tmp_path / "broker_health")).to_pyarrow_table().num_rows == 4
+    assert DeltaTable(str(tmp_path / "broker_fault_episodes")).to_pyarrow_table().num_rows == 2
+    stray = json.dumps([{**asdict(listed[0]), "table": "quarantine"}]).encode()
+    bad = pa.RecordBatch.from_pylist([{ROUTE_COLUMN: WRITTEN, "rows": 1, "arrow": stray}], schema=chunks.schema)
+    with pytest.raises(ValueError, match="quarantine"):
+        w.write(iter([bad]), batch_id=1)
 
 
 def _chunk(batch: pa.RecordBatch) -> tuple[str, int, bytes]:
