@@ -210,6 +210,10 @@ def build_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
 # tables; one sink commits all of them, exactly once.
 
 COMBINED = "bronze_faults"
+# The send-result columns with few distinct values per chunk: the readers dictionary-encode them in
+# the chunks they feed to the fault step (``from_arrow`` takes them as they are).
+FEED_DICTIONARY = ("cluster", "producer_group", "client_id", "client_version", "topic", "broker_name",
+                   "status", "error", "kafka_topic")
 BRONZE_KINDS = ("send_result", "consumer_progress", "group_membership")
 CHUNK_DDL = "_table STRING, rows BIGINT, arrow BINARY"
 
@@ -273,7 +277,8 @@ def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
 
     tables = list(dict.fromkeys(output_tables(list(BRONZE_KINDS)) + list(FAULT_TABLES)))
     events = read_events(spark, cfg, list(BRONZE_KINDS), COMBINED, chunked=True,
-                         write_tag=file_tag(app_id(cfg, COMBINED)), feed_tables=[BRONZE])
+                         write_tag=file_tag(app_id(cfg, COMBINED)), feed_tables=[BRONZE],
+                         feed_columns=EVENT_COLUMNS, feed_dictionary=FEED_DICTIONARY)
     return write_routed(build_bronze_faults_output(events, cfg), cfg, COMBINED, tables)
 
 

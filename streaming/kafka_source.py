@@ -21,7 +21,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -280,7 +280,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _read_and_write(self, ranges: Sequence[Any], tables: list[str], root: str) -> Iterator[Any]:
         """Write mode: this task writes its rows as Parquet into the tables' folders itself and yields
         one ``WRITTEN`` chunk row listing the files (the sink commits them), plus chunks of the
-        ``feed`` tables for a stateful step downstream. File names come from the offset range, so a
+        ``feed`` tables for a stateful step downstream (only ``feed_columns``, and the
+        ``feed_dictionary`` ones dictionary-encoded: smaller to shuffle). File names come from the offset range, so a
         replayed batch (same ranges) finds and reuses its files instead of writing them twice."""
         import pyarrow as pa
 
@@ -288,6 +289,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from streaming.delta_sink import WRITTEN, write_table_files
 
         feed = set(json.loads(self.options.get("feed_tables", "[]")))
+        slim = _feed_shape(json.loads(self.options.get("feed_columns", "null")),
+                           set(json.loads(self.options.get("feed_dictionary", "[]"))))
         tag = self.options.get("write_tag", "")
         files: list[dict[str, Any]] = []
         records_read = 0
@@ -302,7 +305,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 split = by_table(decoder.decode(part.topic, part.partition, records))
                 for name, rows in split.items():
                     parts.setdefault(name, []).append(rows)
-                fed = {name: rows for name, rows in split.items() if name in feed}
+                fed = {name: slim(rows) for name, rows in split.items() if name in feed}
                 if fed:
                     yield _chunks_of(fed)
             stem = f"part-{tag}-{part.topic}-{part.partition}-{part.start}-{part.end}"
@@ -321,6 +324,24 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # machine, the JVM's per-cell conversions of the 39-column routed rows cost ~5x the Kafka read;
 # with chunks Spark still owns offsets, checkpoints and the exactly-once commits.
 CHUNK_SCHEMA = "_table string, rows long, arrow binary"
+
+
+def _feed_shape(columns: list[str] | None, dictionary: set[str]) -> Callable[[Any], Any]:
+    """What a feed chunk keeps of a table's rows: ``columns`` (all if None), ``dictionary`` ones
+    dictionary-encoded (a broker or client id repeated on many rows is then sent once per chunk)."""
+    import pyarrow.compute as pc
+
+    def shape(rows: Any) -> Any:
+        if columns is not None:
+            rows = rows.select(columns)
+        if dictionary:
+            names = rows.schema.names
+            arrays = [pc.dictionary_encode(rows.column(i)) if name in dictionary else rows.column(i)
+                      for i, name in enumerate(names)]
+            rows = type(rows).from_arrays(arrays, names=names)
+        return rows
+
+    return shape
 
 
 def by_table(batch: Any) -> dict[str, Any]:
@@ -432,6 +453,8 @@ def read_events(
     chunked: bool = False,
     write_tag: str | None = None,
     feed_tables: Sequence[str] = (),
+    feed_columns: Sequence[str] | None = None,
+    feed_dictionary: Sequence[str] = (),
 ) -> DataFrame:
     """A streaming DataFrame of decoded events of ``kinds``: routed rows (see module docstring), or
     with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`)."""
@@ -454,6 +477,8 @@ def read_events(
             reader.option("write_root", cfg.storage.root)
             .option("write_tag", write_tag)
             .option("feed_tables", json.dumps(list(feed_tables)))
+            .option("feed_columns", json.dumps(None if feed_columns is None else list(feed_columns)))
+            .option("feed_dictionary", json.dumps(list(feed_dictionary)))
         )
     return reader.load()
 

@@ -85,9 +85,11 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema) -> Cols:
     out: Cols = {}
     for name, dtype in schema.items():
         col = table.column(name)
-        if dtype == "object" and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-            encoded = pc.dictionary_encode(col).combine_chunks() if isinstance(col, pa.ChunkedArray) \
-                else pc.dictionary_encode(col)
+        if dtype == "object" and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+                                  or pa.types.is_dictionary(col.type)):
+            encoded = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
+            if isinstance(encoded, pa.ChunkedArray):  # one dictionary for all chunks
+                encoded = encoded.combine_chunks()
             words = np.empty(len(encoded.dictionary) + 1, dtype=object)
             words[:-1] = encoded.dictionary.to_pylist()
             words[-1] = None

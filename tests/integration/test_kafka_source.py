@@ -156,7 +156,8 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     """The combined query's readers write bronze Parquet themselves. A task lists its files in one
     ``WRITTEN`` row; a replay of the same offset range (a retried task or batch) finds the same
     names and keeps the files as they are, so nothing is written twice or half; the send results
-    are also yielded as chunks for the fault step, and nothing else is."""
+    are also yielded as chunks for the fault step (only the feed columns, the named ones
+    dictionary-encoded), and nothing else is."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from kafka import KafkaProducer
@@ -173,7 +174,8 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     producer.close()
     root = tmp_path / "tables"
     ensure_tables(str(root), ["send_results", "quarantine"])
-    r = reader(kafka, "src.write", write_root=str(root), write_tag="t1", feed_tables='["send_results"]')
+    r = reader(kafka, "src.write", write_root=str(root), write_tag="t1", feed_tables='["send_results"]',
+               feed_columns='["event_id", "broker_name"]', feed_dictionary='["broker_name"]')
     part = TopicPartitionRange("src.write", 0, "send_result", 0, 300)
     try:
         first = list(r.read(part))
@@ -196,6 +198,9 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     assert {name for b in fed for name in b.column("_table").to_pylist()} == {"send_results"}
     fed_events = [pa.ipc.open_stream(p.as_py()).read_all() for b in fed for p in b.column("arrow")]
     assert sum(t.num_rows for t in fed_events) == 294
+    assert {tuple(t.schema.names) for t in fed_events} == {("event_id", "broker_name")}
+    assert all(pa.types.is_dictionary(t.schema.field("broker_name").type) for t in fed_events)
+    assert all(pa.types.is_string(t.schema.field("event_id").type) for t in fed_events)
     # the replay: same listing, same files untouched, no temporary file left behind
     assert [b.to_pylist() for b in second if b.column("_table").to_pylist() == [WRITTEN]] == [listing[0].to_pylist()]
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")} == mtimes
