@@ -10,7 +10,7 @@
    (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
    --only faults``: each reads Kafka); (c) bronze + faults as one query (the default concern
    ``bronze_faults``: one Kafka read, one sink). Prints events/s, the ratio to (a), the peak RSS of that process tree
-   (driver + JVM + Python workers) and the fault state's size per batch (Spark's progress);
+   (driver + JVM + Python workers) and per micro-batch its duration and the fault state's size (Spark's progress);
 3. live, for (c) and (b): a 1 s trigger while another process sends ``--rate`` events/s stamped
    with the wall clock; this process polls ``producer_fault_windows`` in Delta every 100 ms.
    Detection latency = when a window's first row became readable minus its start (the trigger
@@ -141,8 +141,9 @@ def child(args: argparse.Namespace) -> None:
         for q in queries.values():
             q.awaitTermination()
         secs = time.perf_counter() - t0
-    states = [state_metrics(p) | {"batch": p["batchId"]} for n, q in queries.items() for p in q.recentProgress
-              if n != "bronze" and p.get("stateOperators")]
+    states = [(state_metrics(p) if p.get("stateOperators") else {})
+              | {"query": n, "batch": p["batchId"], "seconds": p["durationMs"].get("triggerExecution", 0) / 1000}
+              for n, q in queries.items() for p in q.recentProgress]
     print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
     if args.mode == "live":
         cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0)
@@ -267,8 +268,9 @@ def main() -> None:
                   f"ratio to bronze {ratio:.2f}, peak RSS {peak / 2**30:.2f} GiB, load {os.getloadavg()[0]:.1f}",
                   flush=True)
             for s in res["states"]:
-                print(f"    batch {s['batch']}: state {s['state_current_version_bytes'] / 2**20:.1f} MiB "
-                      f"(store memory {s['state_memory_bytes'] / 2**20:.1f} MiB)")
+                state = (f", state {s['state_current_version_bytes'] / 2**20:.1f} MiB (store memory "
+                         f"{s['state_memory_bytes'] / 2**20:.1f} MiB)" if "state_memory_bytes" in s else "")
+                print(f"    {s['query']} batch {s['batch']}: {s['seconds']:.1f}s{state}")
         for shape in [s for s in args.shapes.split(",") if s != "bronze"]:
             lat, peak = live(base, shape, f"bench.live-{shape}", kafka.bootstrap, args.rate, args.live_s)
             print(f"({shape}) detection latency at {args.rate}/s, 1 s trigger: p50 {pct(lat, 50):.2f}s, "
