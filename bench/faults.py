@@ -235,7 +235,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--max-batch", type=int, default=200_000)
+    ap.add_argument("--max-batch", type=int, default=Config().stream.max_events_per_batch,
+                    help="events per micro-batch (default: the config default)")
     ap.add_argument("--live-s", type=float, default=75.0)
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--shapes", default="bronze,separate,combined")
