@@ -14,19 +14,22 @@ Two shapes of ``faultwatch stream``, same step:
   ``broker_fault_episodes``, ``broker_health``, ``quarantine``. Kept for running the fault state
   on its own (e.g. replaying it on a new checkpoint without rewriting bronze).
 
-Measured with ``bench/faults.py`` (1M events, 50 brokers, 500 producers, 2 cores): the combined
-query runs at 0.58-0.72 of bronze alone (this VM's speed drifts by a third: 31-39k events/s with the
-earlier Data Source sink; 35.6k, 43.1k, 43.2k and 39.9k since the sink writes through
-``foreachBatch``, which starts two fewer Python processes), two queries at ~0.59. Since the readers
-write bronze themselves, the bronze rows no longer pass through the one-task stateful step and
-back out through a second shuffle to the writers: paired runs (old/new alternated, dev harness,
-1M events) 31.9k -> 38.2k and 35.2k -> 41.7k events/s. Live at 5,000
-events/s with a 1 s trigger, window rows are readable in Delta p95 1.9-3.1 s after the event, where
-two queries fell behind. Per 200k-event batch: the Kafka read stage ~2.5 s on both cores, the
-stateful task ~1.5-1.7 s on one (in it the fault step takes 0.55-0.8 s, state decode + encode
-~0.15 s, events to columns ~0.1 s; the rest is Spark moving the chunks in and out), the Parquet
-writes ~0.3 s, ~0.4 s between jobs (commit, offsets, planning). With the readers writing: read
-stage ~2.3-2.7 s, stateful task ~1.3-1.6 s (step 0.5-0.8 s), no separate write stage.
+Measured with ``bench/faults.py`` (1M events, 50 brokers, 500 producers, 2 cores). This VM's speed
+drifts by a third, so each change was judged by paired runs, old and new alternated:
+
+- the combined query's rate went 31-39k events/s (a Python Data Source sink) -> 35.6-43.2k (the sink
+  through ``foreachBatch``, two fewer Python processes) -> readers writing bronze themselves, so the
+  bronze rows no longer pass through the one-task stateful step and back out through a second
+  shuffle (dev harness pairs 31.9k -> 38.2k, 35.2k -> 41.7k) -> 400k events per micro-batch instead
+  of 200k, as the stateful step has fixed costs per batch (pairs 41.4k -> 49.4k, 41.9k -> 47.2k;
+  600k ran as fast, 1M slower);
+- now: 48.0k, 49.4k and 47.3k events/s, 0.72-0.85 of bronze alone, peak RSS 2.2-2.3 GiB; two
+  queries ran at ~0.59. Live at 5,000 events/s with a 1 s trigger, window rows are readable in
+  Delta p95 2.0-2.2 s after the event;
+- per 200k events: the read stage ~2.4 s on both cores (Kafka fetch, decode, the bronze Parquet, the
+  feed chunks), the stateful task 1.1-1.6 s on one core (the fault step 0.5-0.8 s, state decode +
+  encode ~0.15 s, events to columns ~0.1 s, the rest Spark bringing the feed chunks in), ~0.4 s
+  between jobs (commit, offsets, planning).
 
 Why (each choice measured or verified on this machine, Spark 4.3, 2 cores):
 
