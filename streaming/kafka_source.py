@@ -7,7 +7,10 @@ The JVM Kafka connector cannot be installed here (no Maven), so this reader does
 - ``Trigger.AvailableNow`` (``faultwatch stream --once``) via ``prepareForTriggerAvailableNow``;
 - partitions added while the query runs are picked up from offset 0 (their beginning);
 - records are decoded and validated in the reader (:mod:`streaming.decode`), so the output rows are
-  already routed to their bronze table or to quarantine, and come out as Arrow record batches.
+  already routed to their bronze table or to quarantine, and come out as Arrow record batches;
+- write mode (option ``write_root``, used by ``bronze_faults``): each task writes its rows as Parquet
+  into the tables' folders itself and emits only the list of files for the sink to commit, plus
+  chunks of the ``feed_tables`` for a stateful step (see ``KafkaEventReader._read_and_write``).
 
 The end of a partition is learnt from a fetch's high watermark, not from ListOffsets: Tansu answers
 ListOffsets wrongly when the last batch holds several records, and the fetch answer is right on Tansu
@@ -278,11 +281,12 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield to_chunks(batch) if chunked else batch
 
     def _read_and_write(self, ranges: Sequence[Any], tables: list[str], root: str) -> Iterator[Any]:
-        """Write mode: this task writes its rows as Parquet into the tables' folders itself and yields
-        one ``WRITTEN`` chunk row listing the files (the sink commits them), plus chunks of the
-        ``feed`` tables for a stateful step downstream (only ``feed_columns``, and the
-        ``feed_dictionary`` ones dictionary-encoded: smaller to shuffle). File names come from the offset range, so a
-        replayed batch (same ranges) finds and reuses its files instead of writing them twice."""
+        """Write mode: this task writes its rows as Parquet into the tables' folders itself and
+        yields one ``WRITTEN`` chunk row listing the files (the sink commits them), plus chunks of
+        the ``feed_tables`` for a stateful step downstream (only ``feed_columns``, the
+        ``feed_dictionary`` ones dictionary-encoded: less to shuffle). File names come from the
+        offset range, so a replayed batch (same ranges) finds and reuses its files instead of
+        writing them twice."""
         import pyarrow as pa
 
         from streaming.decode import BatchDecoder

@@ -10,7 +10,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pipeline.config import Config
 from pipeline.kafka_local import create_topics
-from streaming.kafka_source import SECRET_OPTION, KafkaEventReader, TopicPartitionRange, _cap_rows
+from streaming.kafka_source import _CONSUMERS, SECRET_OPTION, KafkaEventReader, TopicPartitionRange, _cap_rows
 
 pytestmark = pytest.mark.kafka
 
@@ -183,6 +183,8 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
         second = list(r.read(part))
     finally:
         r.stop()
+        while _CONSUMERS:  # read() keeps its consumer for the next task, as a Python worker would
+            _CONSUMERS.popitem()[1].close()
     listing = [b for b in first if b.column("_table").to_pylist() == [WRITTEN]]
     assert len(listing) == 1 and listing[0].column("rows").to_pylist() == [300]
     files = json.loads(listing[0].column("arrow")[0].as_py())
