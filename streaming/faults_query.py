@@ -78,6 +78,7 @@ from pipeline.faults import (
 from schemas.fields import spark_schema
 from schemas.tables import ROUTE_COLUMN, routed_fields, table
 from streaming.delta_sink import WRITTEN
+from streaming.kafka_source import CHUNK_SCHEMA
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -218,7 +219,6 @@ COMBINED = "bronze_faults"
 FEED_DICTIONARY = ("cluster", "producer_group", "client_id", "client_version", "topic", "broker_name",
                    "status", "error", "kafka_topic")
 BRONZE_KINDS = ("send_result", "consumer_progress", "group_membership")
-CHUNK_DDL = "_table STRING, rows BIGINT, arrow BINARY"
 
 
 def _fault_chunks(out: Any) -> list[tuple[str, int, bytes]]:
@@ -269,7 +269,7 @@ def build_bronze_faults_output(chunks_df: DataFrame, cfg: Config) -> DataFrame:
         F.lit(KEY).alias(KEY), ROUTE_COLUMN, "rows", "arrow", F.unix_millis(F.current_timestamp()).alias(NOW)
     )
     return keyed.groupBy(KEY).applyInPandasWithState(
-        combined_function(cfg), CHUNK_DDL, STATE_DDL, "append", GroupStateTimeout.NoTimeout
+        combined_function(cfg), CHUNK_SCHEMA, STATE_DDL, "append", GroupStateTimeout.NoTimeout
     )
 
 

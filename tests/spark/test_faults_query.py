@@ -171,7 +171,7 @@ def test_combined_query_passes_file_lists_through_and_adds_the_fault_rows(spark:
     the fault tables' chunks hold exactly what the pure fleet step writes."""
     from streaming.delta_sink import WRITTEN
     from streaming.faults_query import build_bronze_faults_output
-    from streaming.kafka_source import to_chunks
+    from streaming.kafka_source import CHUNK_SCHEMA, to_chunks
 
     events = random_stream(12, producers=20, brokers=4, events=4000, span_ms=240_000)
     cols = from_send_results(events)
@@ -181,7 +181,7 @@ def test_combined_query_passes_file_lists_through_and_adds_the_fault_rows(spark:
     src = tmp_path / "chunks"
     src.mkdir()
     query = (
-        build_bronze_faults_output(spark.readStream.schema("_table STRING, rows BIGINT, arrow BINARY")
+        build_bronze_faults_output(spark.readStream.schema(CHUNK_SCHEMA)
                                    .option("maxFilesPerTrigger", 1).parquet(str(src)), Config())
         .writeStream.format("memory").queryName("combined").outputMode("append")
         .option("checkpointLocation", str(tmp_path / "ck")).start()
