@@ -416,6 +416,8 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     """Yield lists of records with offsets in [start, end); fail loudly if Kafka stops answering."""
     from kafka import TopicPartition
 
+    from streaming.kafka_records import install as install_fast_records
+
     cache_key = options.get(SECRET_OPTION, "")
     consumer = _CONSUMERS.get(cache_key)
     if consumer is None:  # Python workers are reused: keep one consumer per worker process
@@ -425,6 +427,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
             max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_wait_ms=100,
         )
+        install_fast_records(consumer)
         _CONSUMERS[cache_key] = consumer
     tp = TopicPartition(part.topic, part.partition)
     consumer.assign([tp])

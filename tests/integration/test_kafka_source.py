@@ -207,3 +207,42 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     assert [b.to_pylist() for b in second if b.column("_table").to_pylist() == [WRITTEN]] == [listing[0].to_pylist()]
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")} == mtimes
     assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(kafka) -> None:  # type: ignore[no-untyped-def]
+    """_fetch_range's consumer unpacks batches with streaming.kafka_records; over the real broker it
+    yields exactly the records a stock kafka-python consumer yields (keys, values, headers, times)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from streaming.kafka_records import FastPartitionRecords
+    from streaming.kafka_source import _fetch_range
+
+    create_topics(kafka.bootstrap, ["src.fast"], 1)
+    for compression in (None, "gzip"):
+        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=20, compression_type=compression)
+        for i in range(400):
+            producer.send(
+                "src.fast", partition=0, key=None if i % 3 == 0 else f"k{i}".encode(),
+                value=None if i % 21 == 1 else json.dumps({"i": i, "pad": "x" * (i % 300)}).encode(),
+                headers=[("h", str(i).encode())] if i % 5 == 0 else None, timestamp_ms=1_767_225_600_000 + i,
+            )
+        producer.flush()
+        producer.close()
+    stock = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False)
+    tp = TopicPartition("src.fast", 0)
+    stock.assign([tp])
+    stock.seek(tp, 0)
+    expected = []
+    while len(expected) < 800:
+        expected.extend(stock.poll(timeout_ms=1000).get(tp, []))
+    stock.close()
+
+    r = reader(kafka, "src.fast")
+    got = [rec for chunk in _fetch_range(r.options, TopicPartitionRange("src.fast", 0, "send_result", 0, 800)) for rec in chunk]
+    consumer = _CONSUMERS[r.options[SECRET_OPTION]]
+    try:
+        assert consumer._fetcher.PartitionRecords is FastPartitionRecords
+        assert got == expected
+        assert [rec.offset for rec in got] == list(range(800))
+    finally:
+        _CONSUMERS.pop(r.options[SECRET_OPTION]).close()

@@ -1,0 +1,137 @@
+"""streaming.kafka_records against kafka-python's own unpacking, on record batches kafka-python builds.
+
+Both loops run over the same bytes; every ConsumerRecord field, the position (next fetch offset)
+after every partial take, the metrics counters and the errors on corrupt input must be equal.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from kafka.consumer.fetcher import Fetcher
+from kafka.errors import CorruptRecordError
+from kafka.record import MemoryRecords
+from kafka.record._crc32c import crc as crc32c
+from kafka.record.memory_records import MemoryRecordsBuilder
+from kafka.structs import TopicPartition
+
+from streaming.kafka_records import FastPartitionRecords, install
+
+TP = TopicPartition("t", 3)
+TS = 1_767_225_600_000
+ATTRIBUTES_AT = 21  # v2 batch header: base offset 8, length 4, leader epoch 4, magic 1, crc 4
+
+
+def _batch(magic: int = 2, compression: int = 0, start: int = 0, n: int = 50, *, records=None, gap: int = 0) -> bytes:
+    """A closed batch of ``n`` records (or ``records``: (ts, key, value, headers) tuples)."""
+    b = MemoryRecordsBuilder(magic, compression, 1 << 20, offset=start)
+    rows = records if records is not None else [
+        (TS + 37 * i, f"broker-{i % 7}".encode(), b'{"event_id": "e%d", "pad": "%s"}' % (i, b"x" * (i * 13 % 700)), [])
+        for i in range(n)
+    ]
+    for i, (ts, key, value, headers) in enumerate(rows):
+        if gap and i and i % 5 == 0:
+            b.skip(gap)  # offsets removed by compaction
+        assert b.append(ts, key, value, headers) is not None
+    b.close()
+    return bytes(b.buffer())
+
+
+def _with_attributes(batch: bytes, set_bits: int) -> bytes:
+    """``batch`` (v2) with attribute bits set and its CRC recomputed, as a broker would write it."""
+    out = bytearray(batch)
+    (attrs,) = struct.unpack_from(">h", out, ATTRIBUTES_AT)
+    struct.pack_into(">h", out, ATTRIBUTES_AT, attrs | set_bits)
+    struct.pack_into(">I", out, 17, crc32c(bytes(out[ATTRIBUTES_AT:])))
+    return bytes(out)
+
+
+def _take_all(cls: type, data: bytes, fetch_offset: int = 0, step: int | None = None, **kw):
+    """Every record ``cls`` yields, in takes of ``step``; with the position after each take."""
+    parts = cls(fetch_offset, TP, MemoryRecords(data), **kw)
+    out, positions = [], []
+    while parts:  # false once drained
+        got = parts.take(step)
+        out.extend(got)
+        positions.append(parts.next_fetch_offset)
+    positions.append(parts.next_fetch_offset)
+    return out, positions, (parts.records_read, parts.bytes_read)
+
+
+def _same(data: bytes, fetch_offset: int = 0, step: int | None = None, **kw) -> list:
+    stock = _take_all(Fetcher.PartitionRecords, data, fetch_offset, step, **kw)
+    fast = _take_all(FastPartitionRecords, data, fetch_offset, step, **kw)
+    assert fast == stock
+    assert [type(r) for r in fast[0]] == [type(r) for r in stock[0]]
+    return stock[0]
+
+
+@pytest.mark.parametrize("step", [None, 1, 7, 50])
+def test_plain_batches_equal_kafka_python_at_every_take(step):
+    data = _batch(start=0) + _batch(start=50, n=30) + _batch(start=80, n=1)
+    records = _same(data, step=step)
+    assert [r.offset for r in records] == list(range(81))
+
+
+def test_fetch_offset_inside_a_batch_and_compacted_gaps():
+    data = _batch(start=100, n=40, gap=3) + _batch(start=200, n=10)
+    records = _same(data, fetch_offset=107, step=4)
+    assert records[0].offset >= 107 and len({r.offset for r in records}) == len(records)
+
+
+def test_headers_null_keys_null_values_and_long_varints():
+    rows = [
+        (TS, None, b"v", []),
+        (TS + 1, b"k", None, []),
+        (TS + 2, b"", b"", [("h", b"1")]),
+        (TS + 300_000, b"k" * 200, b"v" * 70_000, [("trace-id", b"abc"), ("empty", None), ("ütf", b"")]),
+        (TS - 5, b"k", b"v", []),  # a negative timestamp delta
+    ]
+    records = _same(_batch(records=rows, start=5))
+    assert records[3].headers == [("trace-id", b"abc"), ("empty", None), ("ütf", b"")]
+    assert records[3].serialized_header_size == len("trace-id") + 3 + len("empty") + len("ütf".encode())
+    assert records[0].key is None and records[1].value is None and records[4].timestamp == TS - 5
+
+
+@pytest.mark.parametrize("codec", [1, 4])  # gzip, zstd: what this environment has
+def test_compressed_batches(codec):
+    _same(_batch(compression=codec) + _batch(compression=codec, start=50), step=9)
+
+
+def test_control_and_log_append_time_batches():
+    control = _with_attributes(_batch(start=10, n=1, records=[(TS, b"\x00\x00\x00\x00", b"\x00\x00\x00\x00", [])]), 0x20)
+    log_append = _with_attributes(_batch(start=11, n=5), 0x08)
+    records = _same(_batch(n=10) + control + log_append, step=3)
+    assert [r.offset for r in records] == [*range(10), *range(11, 16)]
+    assert {r.timestamp_type for r in records[10:]} == {1}
+
+
+def test_legacy_batches_go_through_kafka_pythons_loop():
+    _same(_batch(magic=1, n=20) + _batch(magic=0, start=20, n=5) + _batch(start=25, n=5), step=6)
+
+
+def test_corrupt_input_fails_like_kafka_python():
+    good = _batch(n=20)
+    flipped = bytearray(good)
+    flipped[-10] ^= 0xFF  # a payload byte: the batch CRC no longer matches
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+        with pytest.raises(CorruptRecordError, match="crc"):
+            cls(0, TP, MemoryRecords(bytes(flipped))).take()
+    # The CRC right but a record's length wrong: both reject the structure.
+    bad = bytearray(good)
+    bad[61] += 2  # the first record's length varint (the header is 61 bytes): one byte longer
+    struct.pack_into(">I", bad, 17, crc32c(bytes(bad[ATTRIBUTES_AT:])))
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+        with pytest.raises(CorruptRecordError):
+            cls(0, TP, MemoryRecords(bytes(bad))).take()
+
+
+def test_a_truncated_last_batch_is_left_for_the_next_fetch():
+    data = _batch(n=10) + _batch(start=10, n=10)[:-7]
+    records = _same(data)
+    assert [r.offset for r in records] == list(range(10))
+
+
+def test_install_leaves_an_object_without_a_fetcher_alone():
+    assert install(object()) is False
