@@ -57,15 +57,23 @@ def log_tail(log: Path, lines: int = 30) -> str:
     return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
 
-def run_parallel(target: Callable[..., None], argsets: Sequence[tuple[Any, ...]]) -> float:
-    """Run ``target(*args)`` in one spawned process per argument tuple; seconds until all are done."""
+def run_parallel(target: Callable[..., None], argsets: Sequence[tuple[Any, ...]], timeout_s: float = 900.0) -> float:
+    """Run ``target(*args)`` in one spawned process per argument tuple; seconds until all are done.
+
+    A process still running after ``timeout_s`` (e.g. a producer waiting on a broker that died)
+    is terminated, and the run stops with a message instead of hanging.
+    """
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     workers = [ctx.Process(target=target, args=args) for args in argsets]
     for w in workers:
         w.start()
     for w in workers:
-        w.join()
+        w.join(max(0.0, t0 + timeout_s - time.perf_counter()))
+        if w.is_alive():
+            for other in workers:
+                other.terminate()
+            raise SystemExit(f"{target.__name__} did not finish within {timeout_s:.0f}s; stopped it")
         if w.exitcode != 0:
             raise SystemExit(f"{target.__name__} failed (exit {w.exitcode})")
     return time.perf_counter() - t0

@@ -4,6 +4,8 @@
 
 1. starts a local broker (Tansu) and preloads N send results spread over 50 brokers' keys;
 2. (a) ceiling: consumes the whole topic with kafka-python in this one process, no decoding;
+   and again with faultwatch's faster record unpacking (``streaming/kafka_records.py``, which the
+   reader uses), for reference;
 3. (b) runs ``faultwatch stream --once --only bronze`` as a separate process on that topic;
 4. prints events/s for both, their ratio, and the peak RSS of the streaming process tree
    (driver JVM + Python workers).
@@ -66,14 +68,19 @@ def preload(bootstrap: str, topic: str, n: int, procs: int = 2) -> float:
     return run_parallel(_produce_slice, [(bootstrap, topic, i * step, min(n, (i + 1) * step)) for i in range(procs)])
 
 
-def consume_ceiling(bootstrap: str, topic: str, n: int) -> float:
-    """Seconds to read all ``n`` records with one kafka-python consumer (no decoding at all)."""
+def consume_ceiling(bootstrap: str, topic: str, n: int, fast_records: bool = False) -> float:
+    """Seconds to read all ``n`` records with one kafka-python consumer (no decoding at all); with
+    ``fast_records``, its batches unpacked by streaming.kafka_records as faultwatch's reader does."""
     from kafka import KafkaConsumer, TopicPartition
+
+    from streaming.kafka_records import install
 
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
         fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
     )
+    if fast_records and not install(consumer):
+        raise SystemExit("streaming.kafka_records could not be installed on this kafka-python")
     tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
     consumer.assign(tps)
     consumer.seek_to_beginning()
@@ -149,6 +156,11 @@ def main() -> None:
         print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)")
         ceiling_s = consume_ceiling(kafka.bootstrap, topic, n)
         print(f"(a) ceiling, raw kafka-python consume in one process: {n / ceiling_s:,.0f} events/s ({ceiling_s:.1f}s)")
+        fast_s = consume_ceiling(kafka.bootstrap, topic, n, fast_records=True)
+        print(
+            f"    the same with faultwatch's record unpacking (streaming/kafka_records.py): {n / fast_s:,.0f} events/s "
+            f"({fast_s:.1f}s)"
+        )
         conf = write_config(work / "fw.toml", kafka.bootstrap, topic, work / "data", args.max_batch)
         r = run_stream(conf, ["bronze"], work / "bronze.log")
     bronze = n / r["processing"]
@@ -157,7 +169,7 @@ def main() -> None:
         f"({r['processing']:.1f}s processing + {r['startup']:.1f}s start-up + {r['shutdown']:.1f}s shutdown; "
         f"whole process {n / r['wall']:,.0f} events/s)"
     )
-    print(f"ratio bronze / ceiling: {bronze / (n / ceiling_s):.2f}")
+    print(f"ratio bronze / ceiling: {bronze / (n / ceiling_s):.2f} (against the faster unpacking: {bronze / (n / fast_s):.2f})")
     print(
         f"    steady state (batches after the first, which also pays the Python workers' start): "
         f"{r['steady']:,.0f} events/s, ratio {r['steady'] / (n / ceiling_s):.2f}"
