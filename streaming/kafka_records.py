@@ -110,10 +110,13 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
         try:
             for _ in range(count):
                 record_start = pos
-                # Each field is a zigzag varint; most are one byte, read here without a call.
+                # Each field is a zigzag varint of one or two bytes as a rule, read here without a call.
                 v = buf[pos]
                 if v < 0x80:
                     pos += 1
+                elif buf[pos + 1] < 0x80:
+                    v = (v & 0x7F) | (buf[pos + 1] << 7)
+                    pos += 2
                 else:
                     v, pos = uvarint(buf, pos)
                 length = (v >> 1) ^ -(v & 1)
@@ -124,12 +127,18 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                 v = buf[pos]
                 if v < 0x80:
                     pos += 1
+                elif buf[pos + 1] < 0x80:
+                    v = (v & 0x7F) | (buf[pos + 1] << 7)
+                    pos += 2
                 else:
                     v, pos = uvarint(buf, pos)
                 timestamp = max_ts if ts_type else first_ts + ((v >> 1) ^ -(v & 1))
                 v = buf[pos]
                 if v < 0x80:
                     pos += 1
+                elif buf[pos + 1] < 0x80:
+                    v = (v & 0x7F) | (buf[pos + 1] << 7)
+                    pos += 2
                 else:
                     v, pos = uvarint(buf, pos)
                 offset = base + ((v >> 1) ^ -(v & 1))
@@ -147,6 +156,9 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                 v = buf[pos]
                 if v < 0x80:
                     pos += 1
+                elif buf[pos + 1] < 0x80:
+                    v = (v & 0x7F) | (buf[pos + 1] << 7)
+                    pos += 2
                 else:
                     v, pos = uvarint(buf, pos)
                 value_size = (v >> 1) ^ -(v & 1)
