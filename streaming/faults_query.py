@@ -22,10 +22,11 @@ drifts by a third, so each change was judged by paired runs, old and new alterna
   bronze rows no longer pass through the one-task stateful step and back out through a second
   shuffle (dev harness pairs 31.9k -> 38.2k, 35.2k -> 41.7k) -> 400k events per micro-batch instead
   of 200k, as the stateful step has fixed costs per batch (pairs 41.4k -> 49.4k, 41.9k -> 47.2k;
-  600k ran as fast, 1M slower);
-- now: 48.0k, 49.4k and 47.3k events/s, 0.72-0.85 of bronze alone, peak RSS 2.2-2.3 GiB; two
-  queries ran at ~0.59. Live at 5,000 events/s with a 1 s trigger, window rows are readable in
-  Delta p95 2.0-2.2 s after the event;
+  600k ran as fast, 1M slower; 48.0k, 49.4k and 47.3k in three runs) -> the reader unpacking
+  Kafka record batches itself (``streaming/kafka_records.py``, ~1.7x kafka-python's raw rate);
+- now: 69.2k and 57.2k events/s in two runs, 0.79 and 0.66 of bronze alone, peak RSS 2.2 GiB; two
+  queries ran at ~0.59 (before the record unpacking). Live at 5,000 events/s with a 1 s trigger,
+  window rows are readable in Delta p95 1.9-2.0 s after the event;
 - per 200k events: the read stage ~2.4 s on both cores (Kafka fetch, decode, the bronze Parquet, the
   feed chunks), the stateful task 1.1-1.6 s on one core (the fault step 0.5-0.8 s, state decode +
   encode ~0.15 s, events to columns ~0.1 s, the rest Spark bringing the feed chunks in), ~0.4 s
