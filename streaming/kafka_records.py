@@ -185,7 +185,7 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                     topic, partition, epoch, offset, timestamp, ts_type, key, value, headers, None,
                     key_size if key is not None else -1, value_size if value is not None else -1, header_size,
                 ))
-        except IndexError as exc:
+        except (ValueError, IndexError) as exc:  # e.g. bytes missing, a header key that is not UTF-8
             raise Errors.CorruptRecordError(f"Found invalid record structure: {exc!r}") from None
         if pos != size:
             raise Errors.CorruptRecordError(f"{size - pos} unconsumed bytes after all records consumed")

@@ -127,6 +127,16 @@ def test_corrupt_input_fails_like_kafka_python():
             cls(0, TP, MemoryRecords(bytes(bad))).take()
 
 
+def test_a_header_key_that_is_not_utf8_is_a_corrupt_record_for_both():
+    data = bytearray(_batch(records=[(TS, b"k", b"v", [("hk", b"x")])]))
+    at = bytes(data).index(b"hk")
+    data[at] = 0xFF  # the key's first byte: no longer UTF-8
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[ATTRIBUTES_AT:])))
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+        with pytest.raises(CorruptRecordError, match="invalid record structure"):
+            cls(0, TP, MemoryRecords(bytes(data))).take()
+
+
 def test_a_truncated_last_batch_is_left_for_the_next_fetch():
     data = _batch(n=10) + _batch(start=10, n=10)[:-7]
     records = _same(data)
