@@ -16,7 +16,9 @@ NAME = "bronze"
 
 
 def build_bronze(spark: SparkSession, cfg: Config) -> DataStreamWriter:
-    from streaming.delta_sink import write_routed
+    from streaming.delta_sink import app_id, file_tag, write_routed
 
-    events = read_events(spark, cfg, KINDS, NAME, chunked=True)
+    # The reader tasks write the Parquet files themselves (the source's write mode) and pass on only
+    # their lists, which the sink commits: no event crosses from Python to the JVM and back.
+    events = read_events(spark, cfg, KINDS, NAME, chunked=True, write_tag=file_tag(app_id(cfg, NAME)))
     return write_routed(events, cfg, NAME, output_tables(KINDS))

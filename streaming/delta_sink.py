@@ -8,7 +8,7 @@ already in the table's log and is skipped, so a kill at any moment neither loses
 rows. When a batch fails, only files of tables whose log does not hold the batch are deleted; files
 of a replayed batch that was already committed stay as orphans until ``vacuum``.
 
-Files can also arrive already written: the Kafka source's write mode (the ``bronze_faults`` query)
+Files can also arrive already written: the Kafka source's write mode (``bronze``, ``bronze_faults``)
 writes bronze Parquet in the reader tasks and sends ``WRITTEN`` chunk rows listing them, which
 this sink only commits. Their names come from the Kafka offset range, not the batch id, and
 :func:`write_table_files` keeps a file that is already there: a replayed batch reads the same

@@ -10,9 +10,10 @@ The JVM Kafka connector cannot be installed here (no Maven), so this reader does
   kafka-python's own unpacking, ~1.7x as fast);
 - records are decoded and validated in the reader (:mod:`streaming.decode`), so the output rows are
   already routed to their bronze table or to quarantine, and come out as Arrow record batches;
-- write mode (option ``write_root``, used by ``bronze_faults``): each task writes its rows as Parquet
-  into the tables' folders itself and emits only the list of files for the sink to commit, plus
-  chunks of the ``feed_tables`` for a stateful step (see ``KafkaEventReader._read_and_write``).
+- write mode (option ``write_root``, used by ``bronze`` and ``bronze_faults``): each task writes its
+  rows as Parquet into the tables' folders itself and emits only the list of files for the sink to
+  commit, plus chunks of the ``feed_tables`` for a stateful step (see
+  ``KafkaEventReader._read_and_write``).
 
 The end of a partition is learnt from a fetch's high watermark, not from ListOffsets: Tansu answers
 ListOffsets wrongly when the last batch holds several records, and the fetch answer is right on Tansu
