@@ -229,8 +229,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # availableNow reads up to the ends learnt when the run began. Kafka offsets only grow, so
-        # asking Kafka again (two fetch rounds, ~0.3 s per micro-batch here) cannot lower them; a
-        # partition truncated under a running --once fails its read loudly (see _fetch_range).
+        # asking Kafka again (two fetch rounds, ~0.3 s per micro-batch here) cannot lower them. (A
+        # topic deleted and re-created during a --once run is not handled, here or elsewhere.)
         ends = self._end_offsets() if self._target is None else self._target
         end = dict(start)
         for k, v in ends.items():
