@@ -144,13 +144,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--max-batch", type=int, default=250_000)
+    ap.add_argument("--max-batch", type=int, default=Config().stream.max_events_per_batch,
+                    help="stream.max_events_per_batch (default: the shipped config's)")
     args = ap.parse_args()
     n = args.events
     topic = "bench.send-results"
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-ingest-"))
     cfg = Config()
-    print(f"bench/ingest: {n} send results, {args.partitions} partitions, {os.cpu_count()} cores; work dir {work}")
+    print(
+        f"bench/ingest: {n} send results, {args.partitions} partitions, {os.cpu_count()} cores, "
+        f"{args.max_batch} events per micro-batch at most; work dir {work}"
+    )
     with start_local_kafka(topics=[topic, *cfg.topics.all()], partitions=args.partitions) as kafka:
         secs = preload(kafka.bootstrap, topic, n)
         print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)")
