@@ -18,9 +18,9 @@ from streaming.kafka_source import CHUNK_SCHEMA, to_chunks
 TABLES = ["broker_health", "broker_fault_episodes"]
 
 
-def _writer(root: Path) -> RoutedDeltaWriter:
+def _writer(root: Path, collect: bool = False) -> RoutedDeltaWriter:
     ensure_tables(str(root), TABLES)
-    return RoutedDeltaWriter(str(root), TABLES, "test:sink")
+    return RoutedDeltaWriter(str(root), TABLES, "test:sink", collect=collect)
 
 
 def _rows(name: str, n: int) -> pa.RecordBatch:
@@ -127,10 +127,13 @@ def _chunk(batch: pa.RecordBatch) -> tuple[str, int, bytes]:
 
 
 @pytest.mark.spark
-def test_batch_function_writes_on_executors_commits_once_and_cleans_up_a_failed_batch(
-    spark, tmp_path: Path  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("collect", [False, True], ids=["write-job", "collected"])
+def test_batch_function_writes_commits_once_and_cleans_up_a_failed_batch(
+    spark, tmp_path: Path, collect: bool  # type: ignore[no-untyped-def]
 ) -> None:
-    w = _writer(tmp_path)
+    """The same outcome whether the chunks are written by a job on the executors or collected
+    and written by the driver."""
+    w = _writer(tmp_path, collect)
     run = w.batch_function()
     rows = [_chunk(_rows("broker_health", 3)), _chunk(_rows("broker_health", 4)),
             _chunk(_rows("broker_fault_episodes", 2))]
