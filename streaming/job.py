@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,38 @@ def start_query(spark: SparkSession, name: str, writer: DataStreamWriter, **trig
         return writer.trigger(**trigger).start()
     finally:
         spark.conf.set(key, before)
+
+
+WARM_JOB_GROUP = "faultwatch-warm-workers"
+
+
+def warm_python_workers(spark: SparkSession) -> threading.Thread:
+    """Start the executors' Python workers in the background, one per core, with a tiny job.
+
+    Meant for the moment the queries start. Before their first tasks can run, Spark starts, one
+    after another, the source's Python runner, asks Kafka for offsets, plans the read in another
+    Python process, and only then starts the executors' worker daemon and its workers (~1.3 s on
+    this 2-core machine, with one core idle meanwhile). This job does that last step during the
+    rest; the query's tasks then get the idle workers (Spark keeps them for reuse). Measured with
+    ``bench/ingest.py`` (1M events, bronze), 3 pairs alternated: first micro-batch 5.1-5.2 s
+    against 6.4-7.5 s, bronze 89.8-93.2k events/s against 69.2-85.1k.
+    """
+
+    def run() -> None:
+        try:
+            spark.sparkContext.setJobGroup(WARM_JOB_GROUP, "faultwatch: start the Python workers")
+            n = max(1, spark.sparkContext.defaultParallelism)
+            spark.range(n, numPartitions=n).mapInArrow(_pass_through, "id long").collect()
+        except Exception as exc:  # noqa: BLE001 - only an optimisation: the queries start workers anyway
+            log.debug("warming the Python workers failed: %s", exc)
+
+    thread = threading.Thread(target=run, name="faultwatch-warm-workers", daemon=True)
+    thread.start()
+    return thread
+
+
+def _pass_through(batches: Any) -> Any:
+    return batches
 
 
 def available_concerns() -> list[str]:
@@ -199,6 +232,7 @@ def run_stream(
         for name, writer in writers.items():
             trigger = {"availableNow": True} if once else {"processingTime": f"{cfg.stream.trigger_interval_s} seconds"}
             queries[name] = start_query(spark, name, writer, **trigger)
+        warm_python_workers(spark)
         print(f"started: {', '.join(queries)} ({'until caught up' if once else 'until stopped'})", file=out)
         deadline = None if duration_s is None else time.monotonic() + duration_s
         failed = _watch(queries, progress, stop, deadline, out, on_tick)

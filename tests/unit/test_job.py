@@ -38,3 +38,16 @@ def test_backlog_sums_what_is_left_per_partition() -> None:
     source = {"latestOffset": '{"t:0": 10, "t:1": 5}', "endOffset": {"t:0": 4, "t:1": 5}}
     assert backlog_of(source) == 6
     assert backlog_of({"latestOffset": None, "endOffset": "{}"}) is None
+
+
+@pytest.mark.spark
+def test_warming_the_python_workers_runs_one_job_in_the_background(spark) -> None:  # type: ignore[no-untyped-def]
+    from streaming.job import WARM_JOB_GROUP, warm_python_workers
+
+    thread = warm_python_workers(spark)
+    thread.join(120)
+    assert not thread.is_alive()
+    tracker = spark.sparkContext.statusTracker()
+    jobs = tracker.getJobIdsForGroup(WARM_JOB_GROUP)
+    assert jobs, "the warm-up job did not run"
+    assert all(tracker.getJobInfo(j).status == "SUCCEEDED" for j in jobs)
