@@ -36,7 +36,13 @@ def _field_names(kind: str) -> list[str]:
 
 
 class Sink:
-    """Base class: subclasses implement :meth:`write`; flush/close default to nothing."""
+    """Base class: subclasses implement :meth:`write`; flush/close default to nothing.
+
+    ``keeps_rows`` says the sink holds on to the rows it is given (the memory sink does):
+    an unpaced simulation then keeps them out of the garbage collector's walks.
+    """
+
+    keeps_rows = False
 
     def write(self, kind: str, rows: Sequence[Sequence[Any]]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -66,6 +72,8 @@ def to_events(kind: str, rows: Iterable[Sequence[Any]]) -> list[Any]:
 
 class MemorySink(Sink):
     """Keeps every row in memory; :meth:`events` gives the event objects, :meth:`json_lines` the bytes."""
+
+    keeps_rows = True
 
     def __init__(self) -> None:
         self.rows: dict[str, list[Sequence[Any]]] = {kind: [] for kind in KINDS}

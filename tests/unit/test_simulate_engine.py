@@ -175,3 +175,22 @@ def test_unpaced_runs_relax_the_gc_threshold_only_while_they_run() -> None:
         MemorySink(), speed=1000.0, on_batch=lambda _b: paced.append(gc.get_threshold())
     )
     assert paced and set(paced) == {before}
+
+
+def test_rows_a_memory_sink_keeps_are_hidden_from_the_gc_only_while_an_unpaced_run_lasts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    from pipeline.simulate.sinks import JsonLinesSink
+
+    def frozen_during(sink: object, **run: object) -> list[int]:
+        seen: list[int] = []
+        Simulation(load_scenario("steady").replace(duration_s=1.0)).run(
+            sink, on_batch=lambda _b: seen.append(gc.get_freeze_count()), **run
+        )
+        assert seen and gc.get_freeze_count() == 0  # handed back at the end
+        return seen
+
+    assert gc.get_freeze_count() == 0
+    assert min(frozen_during(MemorySink())) > 0
+    assert set(frozen_during(MemorySink(), speed=1000.0)) == {0}  # paced: rows arrive slowly
+    assert set(frozen_during(JsonLinesSink(tmp_path), close=True)) == {0}  # keeps nothing
