@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from schemas.tables import ROUTE_COLUMN, table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -332,6 +332,7 @@ def write_routed(
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing)."""
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
+    check_checkpoint_matches(cfg.storage.root, tables, checkpoint, app_id(cfg, name))
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
@@ -339,6 +340,28 @@ def write_routed(
         .option("checkpointLocation", checkpoint)
         .outputMode("append")
     )
+
+
+def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, app: str) -> None:
+    """Refuse a new checkpoint over tables that already hold batches of the same query (``app``).
+
+    Its batch ids would start again at 0, and every batch the tables already hold would be skipped
+    as a replay: silent loss. (Spark writes ``metadata`` into a checkpoint when a query first
+    starts there; its absence marks a new or deleted checkpoint.)
+    """
+    from deltalake import DeltaTable
+
+    if (Path(checkpoint) / "metadata").exists():
+        return
+    for name in tables:
+        done = DeltaTable(str(Path(root) / name)).transaction_version(app)
+        if done is not None:
+            raise ConfigError(
+                f"checkpoint {checkpoint} is new, but table {name} under storage.root already holds "
+                f"micro-batches 0..{done} of query {app!r}; the new checkpoint would skip its first "
+                f"{done + 1} batches as replays. Restore the old checkpoint, or remove the tables (or "
+                "point storage.root elsewhere) to rebuild them from Kafka."
+            )
 
 
 def app_id(cfg: Config, name: str) -> str:

@@ -152,3 +152,21 @@ def test_batch_function_writes_commits_once_and_cleans_up_a_failed_batch(
         run(bad, 1)
     assert _data_files(tmp_path, "broker_health") == kept  # no file of batch 1 is left behind
     assert DeltaTable(str(tmp_path / "broker_health")).transaction_version("test:sink") == 0  # log reread
+
+
+def test_a_new_checkpoint_over_tables_holding_the_querys_batches_is_refused(tmp_path: Path) -> None:
+    """Batch ids restart at 0 in a new checkpoint: the tables' transactions would skip them all."""
+    from pipeline.config import ConfigError
+    from streaming.delta_sink import check_checkpoint_matches
+
+    w = _writer(tmp_path / "tables")
+    checkpoint = tmp_path / "checkpoint"
+    check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")  # nothing held yet
+    w.commit([w.write(iter([_rows("broker_fault_episodes", 2)]), batch_id=0)], 0)
+    w.commit([w.write(iter([_rows("broker_fault_episodes", 1)]), batch_id=1)], 1)
+    with pytest.raises(ConfigError, match=r"broker_fault_episodes .*batches 0\.\.1 of query 'test:sink'"):
+        check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")
+    check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:other")  # another query
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"x"}')  # the checkpoint those batches came from
+    check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")
