@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_great_expectations_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.name.startswith("great_expectations")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -44,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("kafka", "py4j", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.verbose:
+        # Great Expectations sets some of its loggers to INFO itself when imported (each publisher
+        # cycle then logs its temporary docs folder): keep its records below WARNING out.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_great_expectations_chatter)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.fs as pa_fs
 
-__all__ = ["latest_revision", "read_table", "table_exists", "table_uri"]
+__all__ = ["latest_revision", "read_table", "table_exists", "table_uri", "table_version"]
 
 
 def table_uri(root: str, name: str) -> str:
@@ -31,6 +31,14 @@ def table_exists(root: str, name: str) -> bool:
     from deltalake import DeltaTable
 
     return bool(DeltaTable.is_deltatable(table_uri(root, name)))
+
+
+def table_version(root: str, name: str) -> int | None:
+    """The table's latest version (0: created, nothing committed since), None if it does not exist."""
+    from deltalake import DeltaTable
+
+    uri = table_uri(root, name)
+    return int(DeltaTable(uri).version()) if DeltaTable.is_deltatable(uri) else None
 
 
 def _declared_schema(name: str) -> pa.Schema | None:

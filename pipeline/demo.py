@@ -47,7 +47,11 @@ def demo_config(cfg: Config, root: Path, bootstrap: str) -> Config:
 
 
 class Publisher(threading.Thread):
-    """Runs one publisher cycle every ``publish.interval_s`` (what the Airflow DAG does in production)."""
+    """Runs one publisher cycle every ``publish.interval_s`` (what the Airflow DAG does in production).
+
+    Cycles begin once the streaming job has committed fault rows: before that the inputs are empty,
+    which the gate rightly rejects (and alerts on), but at the demo's start it is only noise.
+    """
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(name="faultwatch-publisher", daemon=True)
@@ -59,11 +63,24 @@ class Publisher(threading.Thread):
         from pipeline.publish import run_cycle
 
         while not self.stop.wait(self.cfg.publish.interval_s):
+            if not self.inputs_ready():
+                continue
             try:
                 report = run_cycle(self.cfg)
                 self.cycles.append(report.status)
             except Exception as exc:  # noqa: BLE001 - a failed cycle must not end the demo; the next one retries
                 self.cycles.append(f"error: {type(exc).__name__}: {exc}")
+
+
+    def inputs_ready(self) -> bool:
+        from pipeline.deltaio import table_version
+
+        return any((table_version(self.cfg.storage.root, name) or 0) > 0 for name in FAULT_INPUTS)
+
+
+# The tables the publisher's snapshot reads (see pipeline/policy/inputs.py); each is created empty
+# (version 0) before the streaming job starts.
+FAULT_INPUTS = ("broker_fault_episodes", "broker_health", "producer_fault_windows")
 
 
 def run_demo(
