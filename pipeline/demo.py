@@ -63,14 +63,13 @@ class Publisher(threading.Thread):
         from pipeline.publish import run_cycle
 
         while not self.stop.wait(self.cfg.publish.interval_s):
-            if not self.inputs_ready():
-                continue
             try:
+                if not self.inputs_ready():
+                    continue
                 report = run_cycle(self.cfg)
                 self.cycles.append(report.status)
             except Exception as exc:  # noqa: BLE001 - a failed cycle must not end the demo; the next one retries
                 self.cycles.append(f"error: {type(exc).__name__}: {exc}")
-
 
     def inputs_ready(self) -> bool:
         from pipeline.deltaio import table_version

@@ -11,9 +11,9 @@ of a replayed batch that was already committed stay as orphans until ``vacuum``.
 Files can also arrive already written: the Kafka source's write mode (``bronze``, ``bronze_faults``)
 writes bronze Parquet in the reader tasks and sends ``WRITTEN`` chunk rows listing them, which
 this sink only commits (``bronze``, whose input is nothing but those listings, collects them to the
-driver instead of running the ``mapInArrow`` job). Their names come from the Kafka offset range, not the batch id, and
-:func:`write_table_files` keeps a file that is already there: a replayed batch reads the same
-ranges and so reuses, never duplicates, them. A failed batch's reader files are left for that
+driver instead of running the ``mapInArrow`` job). Their names come from the Kafka offset range,
+not the batch id, and :func:`write_table_files` keeps a file that is already there: a replayed
+batch reads the same ranges and so reuses, never duplicates, them. A failed batch's reader files are left for that
 replay; if the query never runs again they stay uncommitted, invisible to readers, until ``vacuum``.
 
 Why ``foreachBatch`` and not a Python Data Source writer (which this sink was until Nov 2026): the
@@ -358,7 +358,7 @@ def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, 
         if done is not None:
             raise ConfigError(
                 f"checkpoint {checkpoint} is new, but table {name} under storage.root already holds "
-                f"micro-batches 0..{done} of query {app!r}; the new checkpoint would skip its first "
+                f"micro-batches up to {done} of query {app!r}; the new checkpoint would skip its first "
                 f"{done + 1} batches as replays. Restore the old checkpoint, or remove the tables (or "
                 "point storage.root elsewhere) to rebuild them from Kafka."
             )

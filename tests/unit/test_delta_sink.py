@@ -164,7 +164,7 @@ def test_a_new_checkpoint_over_tables_holding_the_querys_batches_is_refused(tmp_
     check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")  # nothing held yet
     w.commit([w.write(iter([_rows("broker_fault_episodes", 2)]), batch_id=0)], 0)
     w.commit([w.write(iter([_rows("broker_fault_episodes", 1)]), batch_id=1)], 1)
-    with pytest.raises(ConfigError, match=r"broker_fault_episodes .*batches 0\.\.1 of query 'test:sink'"):
+    with pytest.raises(ConfigError, match=r"broker_fault_episodes .*batches up to 1 of query 'test:sink'"):
         check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")
     check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:other")  # another query
     checkpoint.mkdir()
