@@ -40,20 +40,22 @@ _TS0 = operator.itemgetter(0)
 # kept row again. Measured with bench/simulate.py's workloads, 4 runs each, alternated: steady
 # 287-296k against 230-274k events per CPU second, outage 283-291k against 263-270k. What freezing
 # also holds back until the run ends (cyclic garbage made meanwhile by any thread) is collected
-# after it.
+# after it. A process that froze objects itself (a pre-fork server) is left alone.
 _BULK_GC_THRESHOLD = 100_000
 _bulk_lock = threading.Lock()
 _bulk_users = 0
 _bulk_froze = False
+_bulk_may_freeze = False
 _saved_threshold: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
 def _bulk_allocation() -> Iterator[None]:
     """Raise the young-generation GC threshold while at least one unpaced run is inside (restored after)."""
-    global _bulk_users, _bulk_froze, _saved_threshold
+    global _bulk_users, _bulk_froze, _bulk_may_freeze, _saved_threshold
     with _bulk_lock:
         if _bulk_users == 0:
+            _bulk_may_freeze = gc.get_freeze_count() == 0
             _saved_threshold = gc.get_threshold()
             gc.set_threshold(max(_saved_threshold[0], _BULK_GC_THRESHOLD), *_saved_threshold[1:])
         _bulk_users += 1
@@ -73,7 +75,7 @@ def _freeze_kept_rows() -> None:
     """Inside ``_bulk_allocation``: stop the collector walking the rows kept so far (see above)."""
     global _bulk_froze
     with _bulk_lock:
-        if _bulk_users:
+        if _bulk_users and _bulk_may_freeze:
             gc.freeze()
             _bulk_froze = True
 

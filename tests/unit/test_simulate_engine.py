@@ -194,3 +194,14 @@ def test_rows_a_memory_sink_keeps_are_hidden_from_the_gc_only_while_an_unpaced_r
     assert min(frozen_during(MemorySink())) > 0
     assert set(frozen_during(MemorySink(), speed=1000.0)) == {0}  # paced: rows arrive slowly
     assert set(frozen_during(JsonLinesSink(tmp_path), close=True)) == {0}  # keeps nothing
+    gc.freeze()  # objects someone else froze (a pre-fork server): left as they are
+    try:
+        theirs = gc.get_freeze_count()
+        seen: list[int] = []
+        Simulation(load_scenario("steady").replace(duration_s=1.0)).run(
+            MemorySink(), on_batch=lambda _b: seen.append(gc.get_freeze_count())
+        )
+        # (frozen objects may still be freed, so the count can only drop, never grow by our rows)
+        assert seen and max(seen) <= theirs and gc.get_freeze_count() <= theirs
+    finally:
+        gc.unfreeze()
