@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline import typedload
+from schemas.errors import FaultwatchError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "conf" / "faultwatch.toml"
 
 
-class ConfigError(ValueError):
+class ConfigError(FaultwatchError, ValueError):
     """A configuration problem; the message names the offending key."""
 
 

@@ -19,8 +19,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.errors import FaultwatchError
 
-class LocalKafkaError(RuntimeError):
+
+class LocalKafkaError(FaultwatchError, RuntimeError):
     pass
 
 

@@ -24,9 +24,10 @@ from pipeline.rocketmq.fault import FaultItem, FaultState
 from pipeline.rocketmq.queues import MessageQueue
 from pipeline.rocketmq.selection import ProducerSelector, TopicRoute, select_queue
 from schemas.avoidance import WIRE_SCHEMA_ID
+from schemas.errors import FaultwatchError
 
 
-class InvalidList(ValueError):
+class InvalidList(FaultwatchError, ValueError):
     """A record that is not an avoidance list of this wire version."""
 
 

@@ -26,11 +26,12 @@ from pipeline.rocketmq.fault import (
     rank_49,
     rank_has_ties,
 )
+from schemas.errors import FaultwatchError
 
 KINDS = ("faults", "alloc")
 
 
-class CaseError(ValueError):
+class CaseError(FaultwatchError, ValueError):
     """An input case that cannot be replayed; the message names the offending field."""
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from schemas.errors import FaultwatchError
+
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import StructType
 
@@ -99,7 +101,7 @@ def spark_schema(fields: Sequence[Field]) -> StructType:
     return from_arrow_schema(arrow_schema(fields))
 
 
-class Invalid(Exception):
+class Invalid(FaultwatchError):
     """A record breaks its contract; ``reason`` is a short stable code, ``detail`` says what and where."""
 
     def __init__(self, reason: str, detail: str) -> None:

@@ -40,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pipeline.config import Config
+from schemas.errors import FaultwatchError
 from schemas.fields import spark_schema
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, routed_fields
 
@@ -53,7 +54,7 @@ SOURCE_NAME = "faultwatch_kafka"
 SECRET_OPTION = "kafka.secret.client_options"
 
 
-class KafkaUnavailableError(RuntimeError):
+class KafkaUnavailableError(FaultwatchError, RuntimeError):
     """Kafka could not be reached within ``kafka.connect_timeout_s``."""
 
 

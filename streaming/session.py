@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from pipeline.config import Config
+from schemas.errors import FaultwatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -18,7 +19,7 @@ DEFAULT_DRIVER_MEMORY = "1g"
 DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"  # C1 only: see spark_session
 
 
-class JavaMissingError(RuntimeError):
+class JavaMissingError(FaultwatchError, RuntimeError):
     pass
 
 

@@ -7,8 +7,10 @@ failures are exception classes that RebalanceImpl catches and logs.
 
 from __future__ import annotations
 
+from schemas.errors import FaultwatchError
 
-class JavaException(Exception):
+
+class JavaException(FaultwatchError):
     """An exception the Java code would throw; ``java_name`` is its class, as the vectors spell it."""
 
     java_name = "java.lang.Exception"

@@ -43,6 +43,7 @@ else:  # pragma: no cover
 
 from pipeline import typedload
 from pipeline.config import REPO_ROOT
+from schemas.errors import FaultwatchError
 
 # 2026-01-01T00:00:00Z: a fixed start keeps runs byte-for-byte reproducible.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
@@ -55,7 +56,7 @@ ConsumeFromWhere = Literal["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSE
 ConsumerEventKind = Literal["crash", "join", "leave", "rate"]
 
 
-class ScenarioError(ValueError):
+class ScenarioError(FaultwatchError, ValueError):
     """A scenario problem; the message names the file and the offending key."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from schemas.errors import FaultwatchError
 from schemas.events import ConsumerProgress, Event, GroupMembership, SendResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +28,7 @@ EVENT_CLASSES: dict[str, type] = {
 KINDS = tuple(EVENT_CLASSES)
 
 
-class SinkError(RuntimeError):
+class SinkError(FaultwatchError, RuntimeError):
     """Events could not be delivered; the message says where and why."""
 
 
