@@ -2,8 +2,8 @@
 
 ``faultwatch replay faults --version 4.9.8 < cases.jsonl`` answers each line with exactly the shape
 the Java oracle produced, so our rules can be diffed against the real client on any new input. A bad
-line is answered with an error object naming the line and the problem, and the run goes on
-(STYLE.md §6). Also runnable as ``python -m pipeline.replay faults --version 5.3.3``.
+line is answered with an error object naming the line and the problem, and the run goes on: bad
+input is output, not a crash. Also runnable as ``python -m pipeline.replay faults --version 5.3.3``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The avoidance rules, one small named function each (STYLE.md §3).
+"""The avoidance rules, one small named function each, so each verdict can be tested on its own.
 
 Three rules can make a broker a candidate for avoidance, in priority order:
 

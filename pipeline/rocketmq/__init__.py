@@ -2,7 +2,7 @@
 
 Reproduces the Java client (4.9.x and 5.2+) exactly, as proven against the differential vectors in
 ``tests/fixtures/rocketmq-vectors``. Imports nothing of pyspark, kafka or airflow, so the streaming
-job, the simulator and the replay CLI share one implementation (STYLE.md §1).
+job, the simulator and the replay CLI share one implementation (a test imports it with those blocked).
 """
 
 from pipeline.rocketmq.allocate import (

@@ -1,7 +1,7 @@
 """Consumer queue allocation by strategy name, and the whole group's view RebalanceImpl builds.
 
 Strategies are chosen by name (the names their Java ``getName()`` returns, or the Java class names)
-and unknown names or options fail with the valid ones listed (STYLE.md §8). Java failures are not
+and unknown names or options fail with the valid ones listed. Java failures are not
 Python exceptions here: like RebalanceImpl, which catches them, logs and keeps the old assignment,
 :func:`allocate` returns them as :class:`AllocResult` ``error`` values.
 """

@@ -2,7 +2,7 @@
 
 The Java class mutates a ``ConcurrentHashMap`` and reads ``System.currentTimeMillis()``; here the
 state is immutable and time is an argument, so the same function drives the replay oracle, the
-simulator and a Spark stateful processor (STYLE.md §2). ``apply_update`` is what
+simulator and a Spark stateful processor. ``apply_update`` is what
 ``MQFaultStrategy.updateFaultItem`` does when ``sendLatencyFaultEnable`` is on; callers model "off"
 by not calling it. :class:`FaultTable` is its mutable twin for a producer's own send loop, where
 copying the whole table on every attempt was the simulator's largest cost; tests hold the two equal.

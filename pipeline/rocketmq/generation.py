@@ -3,7 +3,7 @@
 RocketMQ changed the rules once, in 5.2.0: new latencyMax / notAvailableDuration tables, a shorter
 isolation, and "windows only grow". Everything else in ``pipeline.rocketmq`` takes a
 :class:`Generation` so one code path serves both, and a registry by name lets configuration pick one
-and refuse a typo (STYLE.md §8).
+and refuse a typo with the valid names listed.
 """
 
 from __future__ import annotations

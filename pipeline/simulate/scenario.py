@@ -4,7 +4,7 @@ A scenario file describes brokers, their fault schedule, producer fleets and con
 ``conf/scenarios/*.toml``). Loading refuses an unknown key, a value of the wrong type, an unknown
 name (fault kind, allocation strategy, client version, broker) or a parameter that does not belong
 to a fault kind, and the message names the key (``faults[1].mode``), so a typo fails at start rather
-than silently simulating something else (STYLE.md §5).
+than silently simulating something else.
 
 Format (every key but ``name``, ``brokers[].name``, ``faults[].broker/kind/start_s``,
 ``producers[].group``, ``consumers[].group`` and ``consumer_events[].group/at_s/kind`` has a default;
