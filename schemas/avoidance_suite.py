@@ -14,12 +14,10 @@ it takes seconds, and DAG parsing or ``faultwatch --help`` must not pay for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from great_expectations import ExpectationSuite
-
-    from pipeline.config import PolicyConfig
 
 # An input row stamped this far in the future means a clock problem upstream, not fresh data.
 MAX_CLOCK_SKEW_MS = 60_000
@@ -32,11 +30,25 @@ HEALTH = "avoidance_health"
 SUITES = (RECOMMENDATIONS, SNAPSHOT, EPISODES, HEALTH)
 
 
+class SuitePolicy(Protocol):
+    """The policy settings the suites read (``pipeline.config.PolicyConfig`` has them; schemas
+    sits below pipeline, so it names only what it needs)."""
+
+    @property
+    def version(self) -> str: ...
+    @property
+    def max_avoid_s(self) -> float: ...
+    @property
+    def expiry_s(self) -> float: ...
+    @property
+    def max_input_age_s(self) -> float: ...
+
+
 def _not_null(gxe: Any, *columns: str) -> list[Any]:
     return [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in columns]
 
 
-def recommendation_expectations(cfg: PolicyConfig) -> list[Any]:
+def recommendation_expectations(cfg: SuitePolicy) -> list[Any]:
     import great_expectations.expectations as gxe
 
     max_avoid_ms = round(cfg.max_avoid_s * 1000)
@@ -60,7 +72,7 @@ def recommendation_expectations(cfg: PolicyConfig) -> list[Any]:
     ]
 
 
-def snapshot_expectations(cfg: PolicyConfig) -> list[Any]:
+def snapshot_expectations(cfg: SuitePolicy) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -72,7 +84,7 @@ def snapshot_expectations(cfg: PolicyConfig) -> list[Any]:
     ]
 
 
-def episode_expectations(cfg: PolicyConfig) -> list[Any]:
+def episode_expectations(cfg: SuitePolicy) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -86,7 +98,7 @@ def episode_expectations(cfg: PolicyConfig) -> list[Any]:
     ]
 
 
-def health_expectations(cfg: PolicyConfig) -> list[Any]:
+def health_expectations(cfg: SuitePolicy) -> list[Any]:
     import great_expectations.expectations as gxe
 
     return [
@@ -107,7 +119,7 @@ _BUILDERS = {
 }
 
 
-def build_suites(cfg: PolicyConfig) -> dict[str, ExpectationSuite]:
+def build_suites(cfg: SuitePolicy) -> dict[str, ExpectationSuite]:
     """The four suites for policy ``cfg`` (thresholds come from the configuration)."""
     import great_expectations as gx
 
