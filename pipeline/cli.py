@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from pipeline.config import ConfigError
 
-COMMANDS = ("demo", "stream", "kafka", "simulate", "replay", "publish", "report")
+COMMANDS = ("demo", "stream", "kafka", "simulate", "replay", "publish", "report", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -330,6 +330,58 @@ class DemoConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """`faultwatch serve`: /metrics, the JSON API, the live page and /healthz over the Delta tables."""
+
+    # Loopback unless told otherwise, as Prometheus exporters do.
+    host: str = "127.0.0.1"
+    port: int = 9640
+    # How often the tables are read again (in the background: requests never wait for it).
+    refresh_interval_s: float = 10.0
+    # Per-queue lag series for at most this many (group, queue) pairs, the worst first.
+    max_queue_series: int = 100
+    # /healthz is 503 when the newest event of one of these tables is older than max_data_age_s.
+    fresh_tables: tuple[str, ...] = ("send_results", "queue_lag")
+    max_data_age_s: float = 300.0
+    # Groups and queues whose newest row is this much older than their table's newest are left out.
+    forget_after_s: float = 3600.0
+    # The live page (GET /) reloads itself this often.
+    page_refresh_s: float = 10.0
+    # TLS when both are set (PEM files).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # Basic auth when both are set: the password's bcrypt hash, never the password.
+    basic_auth_username: str | None = None
+    basic_auth_password_hash: Secret | None = None
+
+    def validate(self) -> None:
+        _positive(self, "refresh_interval_s", "max_data_age_s", "forget_after_s", "page_refresh_s")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"serve.port must be between 0 and 65535, got {self.port}")
+        if self.max_queue_series < 0:
+            raise ConfigError(f"serve.max_queue_series must be >= 0, got {self.max_queue_series}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("serve.tls_cert_file and serve.tls_key_file must be set together")
+        if (self.basic_auth_username is None) != (self.basic_auth_password_hash is None):
+            raise ConfigError("serve.basic_auth_username and serve.basic_auth_password_hash must be set together")
+        if self.basic_auth_password_hash is not None and not _is_bcrypt(self.basic_auth_password_hash.value):
+            raise ConfigError("serve.basic_auth_password_hash must be a bcrypt hash ($2b$..., 60 characters)")
+        from schemas.tables import all_tables
+
+        unknown = sorted(set(self.fresh_tables) - set(all_tables()))
+        if unknown:
+            raise ConfigError(f"serve.fresh_tables: unknown table {unknown[0]!r}; known: {sorted(all_tables())}")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+
+def _is_bcrypt(value: str) -> bool:
+    return len(value) == 60 and value[:4] in ("$2a$", "$2b$", "$2y$")
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -341,6 +393,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def replace(self, **sections: Any) -> Config:
         """A copy with whole sections or ``section__key`` values replaced (tests, demo)."""
@@ -366,6 +419,10 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "FAULTWATCH_KAFKA_SSL_KEYFILE": ("kafka", "ssl_keyfile"),
     "FAULTWATCH_KAFKA_SSL_PASSWORD": ("kafka", "ssl_password"),
     "FAULTWATCH_SPARK_MASTER": ("spark", "master"),
+    "FAULTWATCH_SERVE_TLS_CERT_FILE": ("serve", "tls_cert_file"),
+    "FAULTWATCH_SERVE_TLS_KEY_FILE": ("serve", "tls_key_file"),
+    "FAULTWATCH_SERVE_BASIC_AUTH_USERNAME": ("serve", "basic_auth_username"),
+    "FAULTWATCH_SERVE_BASIC_AUTH_PASSWORD_HASH": ("serve", "basic_auth_password_hash"),
 }
 
 
