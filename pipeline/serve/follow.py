@@ -23,11 +23,12 @@ import pyarrow.dataset as pds
 import pyarrow.fs as pa_fs
 
 from pipeline.deltaio import table_uri
+from schemas.errors import FaultwatchError
 
 Reducer = Callable[[pa.Table], pa.Table]
 
 
-class TableMissing(RuntimeError):
+class TableMissing(FaultwatchError, RuntimeError):
     """The table does not exist (yet)."""
 
 
