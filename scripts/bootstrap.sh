@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything faultwatch needs on a fresh machine, then exit.
-#   scripts/bootstrap.sh demo   -> system check (Java) + project venv with the core dependencies
+#   scripts/bootstrap.sh demo   -> system check (Java) + project venv with the core and demo dependencies
 #   scripts/bootstrap.sh test   -> the same + test, Airflow and Great Expectations extras + Chromium
 # Idempotent: a stamp per install set skips pip when pyproject.toml has not changed.
 set -euo pipefail
@@ -53,7 +53,7 @@ fi
 
 # 4. The project's virtual environment
 case "$target" in
-  demo) extras="" ;;
+  demo) extras="[demo]" ;;
   test) extras="[dev,airflow]" ;;
   *) die "unknown target '$target' (demo or test)" ;;
 esac

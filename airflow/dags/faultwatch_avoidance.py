@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-# The repository's configuration, unless the deployment says otherwise.
-DEFAULT_CONFIG = os.environ.get(
-    "FAULTWATCH_CONFIG", str(Path(__file__).resolve().parents[2] / "conf" / "faultwatch.toml")
-)
+from pipeline.config import DEFAULT_CONFIG_PATH  # light: no Spark, Kafka or Delta at parse time
+
+# The configuration shipped with faultwatch, unless the deployment says otherwise.
+DEFAULT_CONFIG = os.environ.get("FAULTWATCH_CONFIG", str(DEFAULT_CONFIG_PATH))
 
 
 def _cycle_time_ms(context: dict[str, Any]) -> int:

@@ -12,7 +12,7 @@ def add_config_arg(p: argparse.ArgumentParser) -> None:
         "--config",
         default=None,
         metavar="FILE",
-        help="TOML config (default: the repository's conf/faultwatch.toml)",
+        help="TOML config (default: the shipped conf/faultwatch.toml)",
     )
 
 

@@ -24,10 +24,11 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario:
         cfg = cfg.replace(demo__scenario=args.scenario)
     from pipeline.demo import run_demo
-    from pipeline.kafka_local import LocalKafkaError
+    from pipeline.kafka_local import LocalKafkaError, tansu_binary
     from streaming.session import JavaMissingError
 
     try:
+        tansu_binary()  # before the previous demo's data is replaced
         return run_demo(cfg, duration_s=args.duration).code
     except (JavaMissingError, LocalKafkaError) as exc:
         print(f"faultwatch demo: {exc}")

@@ -42,12 +42,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pipeline import typedload
-from pipeline.config import REPO_ROOT
+from pipeline.config import DEFAULTS_DIR
 from schemas.errors import FaultwatchError
 
 # 2026-01-01T00:00:00Z: a fixed start keeps runs byte-for-byte reproducible.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
-SCENARIO_DIRS = (REPO_ROOT / "conf" / "scenarios", Path(__file__).resolve().parent.parent / "defaults" / "scenarios")
+SCENARIO_DIR = DEFAULTS_DIR / "scenarios"
 
 FaultKind = Literal["outage", "latency_spike", "flow_control", "slow_disk"]
 OutageMode = Literal["refused", "timeout"]
@@ -188,23 +188,18 @@ def scenario_path(name_or_file: str) -> Path:
         if not path.exists():
             raise ScenarioError(f"scenario file not found: {path}")
         return path
-    for folder in SCENARIO_DIRS:
-        candidate = folder / f"{name_or_file}.toml"
-        if candidate.exists():
-            return candidate
+    candidate = SCENARIO_DIR / f"{name_or_file}.toml"
+    if candidate.exists():
+        return candidate
     raise ScenarioError(f"unknown scenario {name_or_file!r}; known: {available_scenarios()}")
 
 
 def available_scenarios() -> list[str]:
-    names: set[str] = set()
-    for folder in SCENARIO_DIRS:
-        if folder.is_dir():
-            names.update(p.stem for p in folder.glob("*.toml"))
-    return sorted(names)
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
 
 
 def load_scenario(name_or_file: str) -> Scenario:
-    """Load and validate a scenario by name (``conf/scenarios/<name>.toml``) or file path."""
+    """Load and validate a scenario by name (shipped ``conf/scenarios/<name>.toml``) or file path."""
     path = scenario_path(name_or_file)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
