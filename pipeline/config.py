@@ -217,13 +217,22 @@ class LagGroupConfig:
 
 @dataclass(frozen=True)
 class LagConfig:
-    # Burrow's sliding window: the last N commits of each (group, queue).
+    # The queue status rules, by name: "burrow" (Burrow's evaluator exactly) or "faultwatch" (Burrow's
+    # with the departures listed in pipeline/lag/status.py and the README).
+    rules: Literal["burrow", "faultwatch"] = "burrow"
+    # Burrow's sliding window: the last N commits of each (group, queue), and N broker offsets.
     window_commits: int = 10
-    # STALL and WARN need this many commits in the window (a young window proves nothing).
+    # Burrow's allowed-lag: a lag at or below this counts as no lag.
+    allowed_lag: int = 0
+    # Burrow's minimum-complete: a queue whose window is less full than this share is OK.
+    minimum_complete: float = 0.0
+    # Burrow's offset-refresh: broker offsets are sampled once per this much event time.
+    broker_offset_refresh_ms: int = 10_000
+    # rules = "faultwatch": STALL and WARN need this many commits in the window.
     min_commits: int = 10
     # A group row alerts when its max time lag crosses above this bound.
     time_lag_alert_ms: int = 300_000
-    # A zero-lag commit this recent excuses a pause in commits (Burrow's "recently caught up").
+    # rules = "faultwatch": a commit with lag <= allowed_lag this recent excuses a pause in commits.
     caught_up_grace_ms: int = 60_000
     # Queues, (group, queue) pairs and memberships unseen this long are dropped from the state.
     queue_idle_expiry_s: float = 3600.0
@@ -247,8 +256,18 @@ class LagConfig:
 
     def validate(self) -> None:
         _positive(
-            self, "window_commits", "time_lag_alert_ms", "queue_idle_expiry_s", "shards", "idle_evaluation_s"
+            self,
+            "window_commits",
+            "time_lag_alert_ms",
+            "queue_idle_expiry_s",
+            "shards",
+            "idle_evaluation_s",
+            "broker_offset_refresh_ms",
         )
+        if self.allowed_lag < 0:
+            raise ConfigError(f"lag.allowed_lag must be >= 0, got {self.allowed_lag}")
+        if not 0 <= self.minimum_complete <= 1:
+            raise ConfigError(f"lag.minimum_complete must be between 0 and 1, got {self.minimum_complete}")
         if not 2 <= self.min_commits <= self.window_commits:
             raise ConfigError(
                 f"lag.min_commits must be between 2 and lag.window_commits ({self.window_commits}), "

@@ -10,6 +10,7 @@ from schemas.fields import Field, TableSpec
 from schemas.tables import register
 
 LAG_STATUSES = ("OK", "WARN", "STALL", "STOP", "REWIND", "UNKNOWN")
+BURROW_GROUP_STATUSES = ("NOTFOUND", "OK", "WARN", "ERR")
 
 QUEUE_LAG = TableSpec(
     "queue_lag",
@@ -65,6 +66,18 @@ GROUP_STATUS = TableSpec(
         Field("alert", "bool", doc="a transition to WARN or worse, or max time lag crossing the bound"),
         Field("alert_reason", "string", nullable=True),
         Field("event_date", "string"),
+        Field(
+            "burrow_status",
+            "string",
+            enum=BURROW_GROUP_STATUSES,
+            doc="Burrow's group status over the main-topic queues: ERR for any STOP, STALL or REWIND queue; "
+            "NOTFOUND once the group has no queue left",
+        ),
+        Field("complete", "float64", doc="share of main-topic queues whose commit window is full (Burrow)"),
+        Field("max_lag", "int64", nullable=True, doc="lag of the main-topic queue with the highest lag"),
+        Field("maxlag_topic", "string", nullable=True, doc="Burrow's maxlag: the queue with the highest lag"),
+        Field("maxlag_broker", "string", nullable=True),
+        Field("maxlag_queue_id", "int32", nullable=True),
     ),
     partition_by=("event_date",),
 )

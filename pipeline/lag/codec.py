@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from pipeline.lag.brokers import BrokerSamples
 from pipeline.lag.offsets import OffsetIndex
 from pipeline.lag.registry import GROUPS, MEMBERS, PAIRS, QUEUES, LagState
 from pipeline.lag.table import Table
@@ -78,6 +79,25 @@ def _table_from(blob: bytes, schema: Mapping[str, str]) -> Table:
     return Table({name: _numpy(t.column(name), name, dtype) for name, dtype in schema.items()})
 
 
+def _broker_columns(b: BrokerSamples) -> dict[str, pa.Array]:
+    return {
+        "bo_slot": pa.FixedSizeListArray.from_arrays(pa.array(b.slot.ravel(), pa.int64()), b.size),
+        "bo_offset": pa.FixedSizeListArray.from_arrays(pa.array(b.offset.ravel(), pa.int64()), b.size),
+    }
+
+
+def _brokers_from(t: pa.Table, size: int) -> BrokerSamples:
+    """The queues' broker offset samples; a state written before they existed has none yet."""
+    if "bo_slot" not in t.column_names:
+        return BrokerSamples.empty(len(t), size)
+    width = t.schema.field("bo_slot").type.list_size
+
+    def matrix(name: str) -> np.ndarray:
+        return t.column(name).combine_chunks().flatten().to_numpy().reshape(len(t), width).astype(np.int64)
+
+    return BrokerSamples(matrix("bo_slot"), matrix("bo_offset")).resized(size)
+
+
 def _window_columns(w: Windows) -> dict[str, pa.Array]:
     size = w.size
     return {
@@ -119,7 +139,12 @@ def encode_state(state: LagState) -> tuple[Any, ...]:
                 "name": pa.array([n for _, n in names], pa.string()),
             }
         ),
-        _table_bytes(state.queues, QUEUES),
+        _to_ipc(
+            {
+                **{name: _arrow(name, state.queues[name], dtype) for name, dtype in QUEUES.items()},
+                **_broker_columns(state.brokers),
+            }
+        ),
         _to_ipc(
             {
                 "qkey": pa.array(state.index.qkey),
@@ -144,6 +169,7 @@ def decode_state(row: tuple[Any, ...] | Mapping[str, Any], window_size: int) -> 
     all_names = np.array(nt.column("name").to_pylist(), dtype=object)
     it = _from_ipc(index)
     pt = _from_ipc(pairs)
+    qt = _from_ipc(queues)
     return LagState(
         cluster=cluster,
         clock_ms=int(clock_ms),
@@ -151,7 +177,8 @@ def decode_state(row: tuple[Any, ...] | Mapping[str, Any], window_size: int) -> 
         group_names=all_names[kinds == "group"],
         topic_names=all_names[kinds == "topic"],
         broker_names=all_names[kinds == "broker"],
-        queues=_table_from(queues, QUEUES),
+        queues=Table({name: _numpy(qt.column(name), name, dtype) for name, dtype in QUEUES.items()}),
+        brokers=_brokers_from(qt, window_size),
         index=OffsetIndex(
             *(it.column(c).to_numpy().astype(np.int64) for c in ("qkey", "offset", "store_ms"))
         ),

@@ -1,4 +1,4 @@
-"""Group status: the worst main-topic queue (Burrow), totals, and the alert rules.
+"""Group status: the worst main-topic queue, Burrow's group verdict, totals, and the alert rules.
 
 A group's status, total lag, max time lag and worst queue come from its main topics only. Its
 ``%RETRY%`` and ``%DLQ%`` queues are summed apart (``retry_lag``, ``dlq_lag``), as
@@ -7,6 +7,12 @@ a later attempt, a DLQ backlog is messages given up on; neither means the consum
 
 The worst queue is the most severe status, then the oldest unconsumed message, then the largest
 lag, then the first in (group, queue registration) order, so ties always resolve the same way.
+
+``status`` is the worst queue's own status (it says which rule fired). ``burrow_status`` is Burrow's
+``evaluateConsumerStatus`` over the same queues: ERR when any is STOP, STALL or REWIND, else WARN
+when any is WARN, else OK, and NOTFOUND once the group has no queue left; ``complete`` is the share
+of queues whose window is full (0 without queues, 1 for NOTFOUND, as Burrow answers), and maxlag is
+the first queue with the highest lag.
 """
 
 from __future__ import annotations
@@ -15,7 +21,17 @@ import numpy as np
 import pandas as pd
 
 from pipeline.config import LagConfig
-from pipeline.lag.model import KIND_DLQ, KIND_MAIN, KIND_RETRY, STATUS_NAMES, UNKNOWN, Status, topic_kind
+from pipeline.lag.model import (
+    GROUP_STATUS_NAMES,
+    KIND_DLQ,
+    KIND_MAIN,
+    KIND_RETRY,
+    STATUS_NAMES,
+    UNKNOWN,
+    GroupStatus,
+    Status,
+    topic_kind,
+)
 from pipeline.lag.registry import GROUPS, LagState
 from pipeline.lag.report import PairView, nullable, utc_date
 from pipeline.lag.table import Table, lookup, unique_ints
@@ -49,6 +65,42 @@ def worst_rows(
 ) -> np.ndarray:
     """Index (into the given arrays) of each group's worst queue, -1 for groups with none."""
     order = np.lexsort((np.arange(len(codes)), -lag, -tlag, -status.astype(I64), codes))
+    first = np.r_[True, codes[order][1:] != codes[order][:-1]] if len(order) else np.zeros(0, dtype=bool)
+    best = pd.Series(order[first], index=codes[order][first])
+    return best.reindex(groups).fillna(-1).to_numpy(dtype=I64)
+
+
+def burrow_group_status(
+    codes: np.ndarray, status: np.ndarray, groups: np.ndarray, known: np.ndarray
+) -> np.ndarray:
+    """Burrow's group status (``GroupStatus`` as int8) from its queues' statuses.
+
+    ``known`` says which groups still have any queue at all; the others are NOTFOUND.
+    """
+    level = np.select(
+        [np.isin(status, (Status.STOP, Status.STALL, Status.REWIND)), status == Status.WARN],
+        [GroupStatus.ERR, GroupStatus.WARN],
+        default=GroupStatus.OK,
+    ).astype(I64)
+    worst = _per_group(codes, level, groups, "max")
+    out = np.where(worst == UNKNOWN, GroupStatus.OK, worst)
+    return np.where(known, out, GroupStatus.NOTFOUND).astype(np.int8)
+
+
+def group_complete(
+    codes: np.ndarray, complete: np.ndarray, groups: np.ndarray, known: np.ndarray
+) -> np.ndarray:
+    """Share of each group's queues with a full window: 0 without queues, 1 when NOTFOUND (Burrow)."""
+    pos = np.searchsorted(groups, codes)
+    full = np.bincount(pos, weights=(complete == 1.0), minlength=len(groups))
+    total = np.bincount(pos, minlength=len(groups))
+    share = np.divide(full, total, out=np.zeros(len(groups)), where=total > 0)
+    return np.where(known, share, 1.0)
+
+
+def maxlag_rows(codes: np.ndarray, lag: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Index of each group's first queue with the highest lag (unknown lags lowest), -1 for none."""
+    order = np.lexsort((np.arange(len(codes)), -lag, codes))
     first = np.r_[True, codes[order][1:] != codes[order][:-1]] if len(order) else np.zeros(0, dtype=bool)
     best = pd.Series(order[first], index=codes[order][first])
     return best.reindex(groups).fillna(-1).to_numpy(dtype=I64)
@@ -97,6 +149,14 @@ def group_rows(
     wsel = sel[main][np.maximum(worst, 0)] if main.any() else np.zeros(len(groups), dtype=I64)
     wq = state.queue_rows(pairs["qkey"][wsel]) if len(pairs) else wsel
 
+    known = np.isin(groups, codes)
+    b_status = burrow_group_status(codes[main], status[main], groups, known)
+    complete = group_complete(codes[main], view.complete[sel][main], groups, known)
+    mrow = maxlag_rows(codes[main], lag[main], groups)
+    has_max = mrow >= 0
+    msel = sel[main][np.maximum(mrow, 0)] if main.any() else np.zeros(len(groups), dtype=I64)
+    mq = state.queue_rows(pairs["qkey"][msel]) if len(pairs) else msel
+
     pos, had = lookup(previous["gcode"], groups)
     prev_status = np.full(len(groups), -1, dtype=np.int8)
     prev_status[had] = previous["status"][pos[had]]
@@ -105,9 +165,9 @@ def group_rows(
     alert_s = status_alert(prev_status, g_status)
     alert_t, above = time_lag_alert(prev_above, max_tlag, cfg.time_lag_alert_ms)
 
-    def pick(values: np.ndarray) -> np.ndarray:
+    def pick(values: np.ndarray, present: np.ndarray = has_worst) -> np.ndarray:
         out = np.empty(len(groups), dtype=object)
-        out[:] = [v if ok else None for v, ok in zip(values, has_worst)]
+        out[:] = [v if ok else None for v, ok in zip(values, present)]
         return out
 
     rows = pd.DataFrame(
@@ -139,6 +199,12 @@ def group_rows(
                 prev_status, g_status, alert_s, alert_t, max_tlag, cfg.time_lag_alert_ms
             ),
             "event_date": utc_date(now_ms),
+            "burrow_status": GROUP_STATUS_NAMES[b_status],
+            "complete": complete.astype(np.float64),
+            "max_lag": nullable(np.where(has_max, view.lag[msel], UNKNOWN)),
+            "maxlag_topic": pick(state.topic_names[state.queues["tcode"][mq]], has_max),
+            "maxlag_broker": pick(state.broker_names[state.queues["bcode"][mq]], has_max),
+            "maxlag_queue_id": nullable(np.where(has_max, state.queues["queue_id"][mq], UNKNOWN), "Int32"),
         }
     )
     return rows[GROUP_STATUS.columns], _next_groups(state, previous, groups, g_status, above, now_ms)

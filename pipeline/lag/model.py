@@ -40,6 +40,18 @@ class Status(enum.IntEnum):
 STATUS_NAMES = np.array([s.name for s in Status], dtype=object)
 
 
+class GroupStatus(enum.IntEnum):
+    """Burrow's group verdict (its ``StatusConstant`` for groups): STOP, STALL and REWIND queues make ERR."""
+
+    NOTFOUND = 0
+    OK = 1
+    WARN = 2
+    ERR = 3
+
+
+GROUP_STATUS_NAMES = np.array([s.name for s in GroupStatus], dtype=object)
+
+
 def topic_kind(topic: str) -> int:
     """``%RETRY%group`` and ``%DLQ%group`` backlogs mean different things from a main topic's lag."""
     if topic.startswith(RETRY_PREFIX):

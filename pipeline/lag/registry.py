@@ -5,6 +5,8 @@ The state of one cluster (shard) is a few column tables with integer keys:
 - ``queues`` (by ``qkey``, a sequence number): topic/broker codes, queue id, kind (main, retry,
   dlq), best known max offset, last seen; ``qcode`` packs (topic, broker, queue id) for lookups;
 - ``index``: the bounded (offset -> store time) points of each queue (:mod:`pipeline.lag.offsets`);
+- ``brokers``: each queue's recent broker offsets, aligned row for row with ``queues``
+  (:mod:`pipeline.lag.brokers`);
 - ``pairs`` (by ``pkey`` = group code, qkey): last raw offset, reporter, owner, last status, and
   ``windows`` aligned row for row (:mod:`pipeline.lag.window`);
 - ``members`` (by ``mkey`` = group code, topic code): the latest membership and its allocation;
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.lag.brokers import BrokerSamples
 from pipeline.lag.events import MEMBERSHIP, PROGRESS, SEND
 from pipeline.lag.model import NO_OFFSET, UNKNOWN, topic_kinds
 from pipeline.lag.offsets import OffsetIndex, add_points
@@ -89,6 +92,7 @@ class LagState:
     broker_names: np.ndarray = field(default_factory=_names)
     queues: Table = field(default_factory=lambda: Table.empty(QUEUES))
     index: OffsetIndex = field(default_factory=OffsetIndex.empty)
+    brokers: BrokerSamples = field(default_factory=lambda: BrokerSamples.empty(0, 10))
     pairs: Table = field(default_factory=lambda: Table.empty(PAIRS))
     windows: Windows = field(default_factory=lambda: Windows.empty(0, 10))
     members: Table = field(default_factory=lambda: Table.empty(MEMBERS))
@@ -138,6 +142,7 @@ def encode_events(state: LagState, ev: object) -> tuple[LagState, Codes]:
         broker_names=brokers,
         queues=queues,
         index=state.index,
+        brokers=state.brokers.grown(len(queues) - len(state.queues)),
         pairs=state.pairs,
         windows=state.windows,
         members=state.members,

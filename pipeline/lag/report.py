@@ -17,7 +17,7 @@ from pipeline.lag.startpos import (
     applied_policy,
     effective_offsets,
 )
-from pipeline.lag.status import evaluate
+from pipeline.lag.status import RuleParams, complete, evaluate
 from pipeline.lag.timelag import METHOD_NAMES, time_lags
 from schemas.lag import QUEUE_LAG
 
@@ -37,6 +37,7 @@ class PairView:
     method: np.ndarray
     status: np.ndarray
     start_policy: np.ndarray
+    complete: np.ndarray  # share of the window holding commits (float32)
 
 
 def group_policies(
@@ -69,7 +70,8 @@ def evaluate_pairs(state: LagState, now_ms: int, cfg: LagConfig) -> PairView:
     lag = np.where(known, np.maximum(max_offset - offset, 0), UNKNOWN)
     clamped = known & (offset > max_offset)
     time_lag, method = time_lags(state.index, qkeys, offset, max_offset, now_ms)
-    status = evaluate(state.windows, lag, now_ms, cfg.caught_up_grace_ms, cfg.min_commits)
+    broker_min = state.brokers.recent_min(rows, now_ms, cfg.broker_offset_refresh_ms)
+    status = evaluate(state.windows, lag, now_ms, broker_min, RuleParams.of(cfg))
     return PairView(
         kind=kind,
         max_offset=max_offset,
@@ -80,6 +82,7 @@ def evaluate_pairs(state: LagState, now_ms: int, cfg: LagConfig) -> PairView:
         method=method,
         status=status,
         start_policy=applied_policy(raw, kind, policy),
+        complete=complete(state.windows),
     )
 
 

@@ -28,13 +28,14 @@ def expire(state: LagState, cutoff_ms: int) -> tuple[LagState, np.ndarray, np.nd
     rows = np.flatnonzero(keep)
     pairs, windows = state.pairs.take(rows), state.windows.take(rows)
     members = state.members.take(np.flatnonzero(state.members["ts_ms"] >= cutoff_ms))
-    queues, index = state.queues, state.index
+    queues, index, brokers = state.queues, state.index, state.brokers
     alive = np.isin(queues["qkey"], pairs["qkey"]) | (queues["last_seen_ms"] >= cutoff_ms)
     if not alive.all():
         queues = queues.take(np.flatnonzero(alive))
+        brokers = brokers.take(np.flatnonzero(alive))
         index = index.take(np.isin(index.qkey, queues["qkey"]))
     state = dataclasses.replace(
-        state, pairs=pairs, windows=windows, members=members, queues=queues, index=index
+        state, pairs=pairs, windows=windows, members=members, queues=queues, index=index, brokers=brokers
     )
     return state, expired, keep
 

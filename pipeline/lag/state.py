@@ -20,6 +20,7 @@ import orjson
 import pandas as pd
 
 from pipeline.config import LagConfig
+from pipeline.lag.brokers import BrokerSamples
 from pipeline.lag.events import PROGRESS, normalize_events
 from pipeline.lag.groups import group_rows
 from pipeline.lag.model import UNKNOWN
@@ -58,7 +59,11 @@ class LagOutput:
 
 
 def initial_state(cluster: str, cfg: LagConfig) -> LagState:
-    return LagState(cluster=cluster, windows=Windows.empty(0, cfg.window_commits))
+    return LagState(
+        cluster=cluster,
+        windows=Windows.empty(0, cfg.window_commits),
+        brokers=BrokerSamples.empty(0, cfg.window_commits),
+    )
 
 
 def is_empty(state: LagState) -> bool:
@@ -102,9 +107,17 @@ def _ingest(state: LagState, ev: pd.DataFrame, clock: int, cfg: LagConfig) -> tu
     state, codes = encode_events(state, ev)
     queues, changed_max, obs = update_offsets(state.queues, ev, codes.qkey)
     index = update_index(state.index, ev, codes.qkey, cfg.index_points)
+    brokers = state.brokers.resized(cfg.window_commits).record(
+        state.queue_rows(obs["q"]), obs["t"], obs["v"], cfg.broker_offset_refresh_ms
+    )
     members, reported, changed = update_members(state.members, ev, codes)
     state = dataclasses.replace(
-        state, queues=queues, index=index, members=members, windows=state.windows.resized(cfg.window_commits)
+        state,
+        queues=queues,
+        index=index,
+        brokers=brokers,
+        members=members,
+        windows=state.windows.resized(cfg.window_commits),
     )
     dirty = _dirty_members(state, changed, codes.new_qkeys)
     members = _mark_rebalanced(state.members, dirty, changed, clock)

@@ -1,26 +1,38 @@
-"""Burrow's evaluation rules, one small named function each, over many queues' windows at once.
+"""A queue's lag status: Burrow's evaluator, one small named function per rule, over many windows.
 
-Each rule returns one boolean per queue. :func:`verdicts` computes all of them (tests list every
-rule's verdict per case) and :func:`combine` applies them in Burrow's order of severity:
+Two rule sets, chosen by name (``lag.rules``). ``burrow`` (the default) is Burrow's
+``calculatePartitionStatus`` and ``evaluatePartitionStatus``: a queue whose current lag is above
+``allowed_lag`` and whose window is at least ``minimum_complete`` full is
 
-1. ``lag_touched_zero``: the lag was zero at some commit in the window -> OK (Burrow rule 1);
-2. ``offsets_rewound``: an offset went backwards -> REWIND (rule 2);
-3. ``commits_stopped``: no commit for longer than the window's span -> STOP (rule 3), unless the
-   queue was ``recently_caught_up`` (a zero-lag commit within ``caught_up_grace_ms``);
-4. ``offsets_stalled``: commits that never move -> STALL (rule 4);
-5. ``lag_not_decreasing``: the lag never went down -> WARN (rule 5).
+1. STOP when the time since its last commit exceeds the window's span (``offsets_stopped``), unless a
+   recent broker offset is at or below the last commit (``recent_lag_zero``);
+2. REWIND when an offset went backwards (``offsets_rewind``) and never came back to where it was
+   (``rewind_recovered``);
+3. OK when some commit's lag was at or below ``allowed_lag`` (``lag_always_not_zero`` is false);
+4. STALL when the offset never moved (``offsets_stalled``);
+5. WARN when the lag never went down, unknown lags skipped (``lag_not_decreasing``);
 
-Two deliberate departures, both because a young window proves nothing: STALL and WARN need
-``min_commits`` commits (with one commit, "never moved" and "never decreased" are vacuously true);
-and STOP on a window that is not full yet compares with the span a full window would have at the
-same commit rate (for a full window that is exactly Burrow's rule). And STOP is judged even when the
-window holds a zero-lag commit if that commit is older than the grace: Burrow would call a consumer
-that died while caught up OK forever, although messages keep arriving.
+and OK otherwise. ``faultwatch`` keeps that order and those rules with four departures, each
+because a RocketMQ window that is young or quiet proves less than Burrow assumes:
 
-Before any rule: an unknown current lag is UNKNOWN, a current lag of 0 is OK.
+- ``trend_rules_wait``: STALL and WARN need ``min_commits`` commits (with one commit "never
+  moved" and "never decreased" are vacuously true; RocketMQ rebalances hand queues over every 20 s);
+- ``young_stop_scales``: a window that is not full is compared with the span a full window would
+  have at the same commit rate, and one commit never makes a STOP;
+- ``stop_excuse_by_commit``: a pause is excused by a commit with lag <= ``allowed_lag`` within
+  ``caught_up_grace_ms``, not by broker offsets: a queue that caught up stays OK for a fixed time
+  however its producers' sends were sampled (Burrow's ``caching_test.go`` case 9 differs so);
+- ``no_trend_without_two_known_lags``: WARN needs two commits whose lag is known (Burrow's lags
+  are unknown only for backfilled commits; faultwatch's until a broker offset is known).
+
+``tests/unit/test_lag_status.py`` (``DEPARTURES``) shows each on the case where the sets disagree.
+
+Outside both: an unknown current lag is UNKNOWN (Burrow has no commit without a broker offset).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,26 +40,77 @@ from pipeline.lag.model import UNKNOWN, Status
 from pipeline.lag.window import Windows
 
 I64 = np.int64
+RULE_SETS = ("burrow", "faultwatch")
 
 
-def lag_touched_zero(w: Windows) -> np.ndarray:
-    """Rule 1: some commit in the window had zero lag."""
-    return (w.valid() & (w.lag == 0)).any(axis=1)
+@dataclass(frozen=True)
+class RuleParams:
+    """The knobs the rules read: Burrow's ``allowed-lag`` and ``minimum-complete``, and faultwatch's own."""
+
+    rules: str = "burrow"
+    allowed_lag: int = 0
+    minimum_complete: float = 0.0
+    min_commits: int = 10
+    caught_up_grace_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if self.rules not in RULE_SETS:
+            raise ValueError(f"unknown lag rule set {self.rules!r}; valid names: {list(RULE_SETS)}")
+
+    @staticmethod
+    def of(cfg: object) -> RuleParams:
+        """The rule knobs of a ``LagConfig``."""
+        return RuleParams(
+            rules=cfg.rules,  # type: ignore[attr-defined]
+            allowed_lag=cfg.allowed_lag,  # type: ignore[attr-defined]
+            minimum_complete=cfg.minimum_complete,  # type: ignore[attr-defined]
+            min_commits=cfg.min_commits,  # type: ignore[attr-defined]
+            caught_up_grace_ms=cfg.caught_up_grace_ms,  # type: ignore[attr-defined]
+        )
 
 
-def recently_caught_up(w: Windows, now_ms: np.ndarray | int, grace_ms: int) -> np.ndarray:
-    """A zero-lag commit no older than ``grace_ms`` excuses a pause in commits."""
-    recent = w.ts >= (np.asarray(now_ms, dtype=I64).reshape(-1, 1) - grace_ms)
-    return (w.valid() & (w.lag == 0) & recent).any(axis=1)
+def _known_lag(w: Windows) -> np.ndarray:
+    return w.valid() & (w.lag != UNKNOWN)
 
 
-def offsets_rewound(w: Windows) -> np.ndarray:
-    """Rule 2: an offset is lower than the one committed before it."""
-    return (w.consecutive() & (w.offset[:, 1:] < w.offset[:, :-1])).any(axis=1)
+def complete(w: Windows) -> np.ndarray:
+    """Share of the window's slots holding a commit (float32, as Burrow computes it)."""
+    return w.count.astype(np.float32) / np.float32(w.size)
 
 
-def commits_stopped(w: Windows, now_ms: np.ndarray | int) -> np.ndarray:
-    """Rule 3: the time since the last commit exceeds the window's span (scaled up to a full window)."""
+def lag_always_not_zero(w: Windows, allowed_lag: int) -> np.ndarray:
+    """Rule 1 (``isLagAlwaysNotZero``): no commit's known lag is at or below ``allowed_lag``."""
+    return ~(_known_lag(w) & (w.lag <= allowed_lag)).any(axis=1)
+
+
+def offsets_rewind(w: Windows) -> np.ndarray:
+    """Rule 2 (``checkIfOffsetsRewind``): position among the commits of the first offset lower than
+    the one before it, -1 when none is."""
+    down = w.consecutive() & (w.offset[:, 1:] < w.offset[:, :-1])
+    col = np.argmax(down, axis=1) + 1  # window column of the lower commit
+    first = w.size - w.count
+    return np.where(down.any(axis=1), col - first, -1).astype(I64)
+
+
+def rewind_recovered(w: Windows, rewind: np.ndarray) -> np.ndarray:
+    """Rule 2, part 2 (``checkIfRewindRecovered``): a commit from the rewind on is back at or above
+    the offset committed just before it."""
+    rows = np.arange(len(w))
+    col = np.clip(w.size - w.count + rewind, 1, max(w.size - 1, 1))
+    before = w.offset[rows, col - 1] if w.size > 1 else np.full(len(w), UNKNOWN, dtype=I64)
+    after = np.arange(w.size)[None, :] >= col[:, None]
+    back = (after & w.valid() & (w.offset >= before[:, None])).any(axis=1)
+    return (rewind > 0) & back
+
+
+def offsets_stopped(w: Windows, now_ms: np.ndarray | int) -> np.ndarray:
+    """Rule 3 (``checkIfOffsetsStopped``): the time since the last commit exceeds the window's span."""
+    last = w.last_ts()
+    return (w.count >= 1) & (np.asarray(now_ms, dtype=I64) - last > last - w.first_ts())
+
+
+def offsets_stopped_scaled(w: Windows, now_ms: np.ndarray | int) -> np.ndarray:
+    """Rule 3, faultwatch: against the span a full window would have at the same commit rate."""
     first, last = w.first_ts(), w.last_ts()
     idle = np.asarray(now_ms, dtype=I64) - last
     # (now - last) > span * (N - 1) / (count - 1), in integers
@@ -55,65 +118,115 @@ def commits_stopped(w: Windows, now_ms: np.ndarray | int) -> np.ndarray:
 
 
 def offsets_stalled(w: Windows) -> np.ndarray:
-    """Rule 4: at least two commits and the offset never changed."""
+    """Rule 4 (``checkIfOffsetsStalled``): the offset never changed (true for a single commit)."""
     moved = (w.consecutive() & (w.offset[:, 1:] != w.offset[:, :-1])).any(axis=1)
-    return (w.count >= 2) & ~moved
+    return (w.count >= 1) & ~moved
+
+
+def _previous_known(w: Windows) -> tuple[np.ndarray, np.ndarray]:
+    """Per slot: whether an earlier commit had a known lag, and the latest such lag."""
+    known = _known_lag(w)
+    cols = np.where(known, np.arange(w.size)[None, :], -1)
+    latest = np.maximum.accumulate(cols, axis=1)
+    prev_col = np.c_[np.full(len(w), -1), latest[:, :-1]]
+    has_prev = prev_col >= 0
+    prev_lag = np.take_along_axis(w.lag, np.maximum(prev_col, 0), axis=1)
+    return has_prev, prev_lag
 
 
 def lag_not_decreasing(w: Windows) -> np.ndarray:
-    """Rule 5: between commits whose lags are known, the lag never went down."""
-    known = w.consecutive() & (w.lag[:, 1:] != UNKNOWN) & (w.lag[:, :-1] != UNKNOWN)
-    decreased = (known & (w.lag[:, 1:] < w.lag[:, :-1])).any(axis=1)
-    return known.any(axis=1) & ~decreased
+    """Rule 5 (``checkIfLagNotDecreasing``): no known lag is below the previous known one."""
+    has_prev, prev_lag = _previous_known(w)
+    return ~(_known_lag(w) & has_prev & (w.lag < prev_lag)).any(axis=1)
 
 
-def window_complete(w: Windows, min_commits: int) -> np.ndarray:
-    """Enough commits for the trend rules (STALL, WARN)."""
-    return w.count >= min_commits
+def two_known_lags(w: Windows) -> np.ndarray:
+    """faultwatch: at least two commits with a known lag, so that a trend exists."""
+    return _known_lag(w).sum(axis=1) >= 2
 
 
-RULES = (
-    "lag_touched_zero",
-    "recently_caught_up",
-    "offsets_rewound",
-    "commits_stopped",
+def recent_lag_zero(w: Windows, broker_min: np.ndarray | int) -> np.ndarray:
+    """``checkIfRecentLagZero``: a recent broker offset is at or below the last committed offset.
+
+    ``broker_min`` is the lowest of the queue's recent broker offsets (UNKNOWN = none known):
+    "some offset <= the last commit" is "the lowest one is".
+    """
+    low = np.asarray(broker_min, dtype=I64)
+    return (w.count >= 1) & (low != UNKNOWN) & (low <= w.last_offset())
+
+
+def caught_up_recently(w: Windows, now_ms: np.ndarray | int, grace_ms: int, allowed_lag: int) -> np.ndarray:
+    """faultwatch's stop excuse: a commit with lag <= ``allowed_lag`` no older than ``grace_ms``."""
+    recent = w.ts >= (np.asarray(now_ms, dtype=I64).reshape(-1, 1) - grace_ms)
+    return (_known_lag(w) & (w.lag <= allowed_lag) & recent).any(axis=1)
+
+
+BURROW_RULES = (
+    "lag_always_not_zero",
+    "offsets_rewind",
+    "offsets_stopped",
     "offsets_stalled",
     "lag_not_decreasing",
-    "window_complete",
+    "recent_lag_zero",
 )
 
 
-def verdicts(w: Windows, now_ms: np.ndarray | int, grace_ms: int, min_commits: int) -> dict[str, np.ndarray]:
-    """Every rule's verdict for every queue."""
-    return {
-        "lag_touched_zero": lag_touched_zero(w),
-        "recently_caught_up": recently_caught_up(w, now_ms, grace_ms),
-        "offsets_rewound": offsets_rewound(w),
-        "commits_stopped": commits_stopped(w, now_ms),
+def verdicts(
+    w: Windows, now_ms: np.ndarray | int, broker_min: np.ndarray | int, p: RuleParams
+) -> dict[str, np.ndarray]:
+    """Every rule's verdict for every queue under the rule set ``p.rules``.
+
+    The keys are the same for both sets: ``offsets_stopped``, ``excused`` and ``trend_ready`` hold
+    the set's own form of rule 3, the stop excuse and the trend gate.
+    """
+    rewind = offsets_rewind(w)
+    v = {
+        "lag_always_not_zero": lag_always_not_zero(w, p.allowed_lag),
+        "offsets_rewind": rewind,
+        "rewind_recovered": rewind_recovered(w, rewind),
         "offsets_stalled": offsets_stalled(w),
         "lag_not_decreasing": lag_not_decreasing(w),
-        "window_complete": window_complete(w, min_commits),
+        "recent_lag_zero": recent_lag_zero(w, broker_min),
+        "complete": complete(w),
     }
+    if p.rules == "burrow":
+        v["offsets_stopped"] = offsets_stopped(w, now_ms)
+        v["excused"] = v["recent_lag_zero"]
+        v["trend_ready"] = np.ones(len(w), dtype=bool)
+    else:
+        v["offsets_stopped"] = offsets_stopped_scaled(w, now_ms)
+        v["excused"] = caught_up_recently(w, now_ms, p.caught_up_grace_ms, p.allowed_lag)
+        v["trend_ready"] = w.count >= p.min_commits
+        v["lag_not_decreasing"] = v["lag_not_decreasing"] & two_known_lags(w)
+    return v
 
 
-def combine(v: dict[str, np.ndarray], current_lag: np.ndarray) -> np.ndarray:
-    """The status per queue (``Status`` values as int8), rules applied in order of severity."""
-    touched = v["lag_touched_zero"]
-    trend = ~touched & v["window_complete"]
+def combine(v: dict[str, np.ndarray], current_lag: np.ndarray, p: RuleParams) -> np.ndarray:
+    """The status per queue (``Status`` values as int8): Burrow's order, first match wins."""
+    current_lag = np.asarray(current_lag, dtype=I64)
+    judged = (
+        (current_lag > p.allowed_lag)
+        & (v["complete"] > 0)
+        & (v["complete"] >= np.float32(p.minimum_complete))
+    )
+    trend = judged & v["lag_always_not_zero"] & v["trend_ready"]
     conditions = [
         current_lag == UNKNOWN,
-        current_lag == 0,
-        ~touched & v["offsets_rewound"],
-        v["commits_stopped"] & ~v["recently_caught_up"],
-        touched,
+        judged & v["offsets_stopped"] & ~v["excused"],
+        judged & (v["offsets_rewind"] > 0) & ~v["rewind_recovered"],
         trend & v["offsets_stalled"],
         trend & v["lag_not_decreasing"],
     ]
-    choices = [Status.UNKNOWN, Status.OK, Status.REWIND, Status.STOP, Status.OK, Status.STALL, Status.WARN]
+    choices = [Status.UNKNOWN, Status.STOP, Status.REWIND, Status.STALL, Status.WARN]
     return np.select(conditions, [np.int8(c) for c in choices], default=np.int8(Status.OK)).astype(np.int8)
 
 
 def evaluate(
-    w: Windows, current_lag: np.ndarray, now_ms: np.ndarray | int, grace_ms: int, min_commits: int
+    w: Windows,
+    current_lag: np.ndarray,
+    now_ms: np.ndarray | int,
+    broker_min: np.ndarray | int,
+    p: RuleParams,
 ) -> np.ndarray:
-    return combine(verdicts(w, now_ms, grace_ms, min_commits), current_lag)
+    """The status of every queue: :func:`verdicts` combined by :func:`combine`."""
+    return combine(verdicts(w, now_ms, broker_min, p), current_lag, p)

@@ -1,6 +1,7 @@
 """Group status history over time: a consumer that stops, one that falls behind, time-lag alerts.
 
-Batches every 5 s at t_k = T0 + 5000k. Window N=4, STALL/WARN need 3 commits, grace 10 s.
+Batches every 5 s at t_k = T0 + 5000k. Rule set "faultwatch": window N=4, STALL/WARN need 3
+commits, grace 10 s (Burrow's own verdicts are tested case by case in test_lag_burrow.py).
 
 - Group GS reads topic T (one message per batch, stored at t_k - 2500, so the max offset is k) and
   commits offset k at t_k: lag 0. It stops after t_4. Its window spans t_1..t_4 = 15 s, so it is
@@ -22,7 +23,13 @@ from pipeline.lag import events_frame, initial_state, step
 from pipeline.lag.synth import progress, send
 
 T0 = 1_700_000_000_000
-CFG = LagConfig(window_commits=4, min_commits=3, caught_up_grace_ms=10_000, time_lag_alert_ms=3_600_000)
+CFG = LagConfig(
+    rules="faultwatch",
+    window_commits=4,
+    min_commits=3,
+    caught_up_grace_ms=10_000,
+    time_lag_alert_ms=3_600_000,
+)
 
 
 def t(k: int) -> int:
@@ -102,10 +109,11 @@ def test_time_lag_alert_fires_when_crossing_the_bound() -> None:
         state, out = step(state, events_frame(events), now, cfg)
         (row,) = out.group_status.itertuples()
         seen.append((row.max_time_lag_ms, row.status, row.alert, row.alert_reason))
+    # rules = "burrow": offset 0 committed three times with a lag of 1 is STALL until it moves
     assert seen == [
-        (1_000, "OK", False, None),
-        (4_000, "OK", True, "max time lag 4000 ms > 3000 ms"),
-        (5_000, "OK", False, None),
+        (1_000, "STALL", True, "status NEW->STALL"),
+        (4_000, "STALL", True, "max time lag 4000 ms > 3000 ms"),
+        (5_000, "STALL", False, None),
         (0, "OK", False, None),
         (500, "OK", False, None),
         (3_500, "OK", True, "max time lag 3500 ms > 3000 ms"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,12 @@ def grow(**values: Any) -> dict[str, Any]:
         "alert": False,
         "alert_reason": None,
         "event_date": DAY,
+        "burrow_status": "OK",
+        "complete": 0.0,
+        "max_lag": None,
+        "maxlag_topic": "T",
+        "maxlag_broker": "b1",
+        "maxlag_queue_id": 0,
     }
     row.update(values)
     return row
@@ -112,7 +119,7 @@ def test_offsets_above_the_known_maximum_are_reported_and_clamped() -> None:
         qrow(queue_id=0, consumer_offset=15, reported_by="c-1", **common),
         qrow(queue_id=1, consumer_offset=12, **common),
     ]
-    assert records(out.group_status) == [grow(total_lag=0, max_time_lag_ms=0, queues=2)]
+    assert records(out.group_status) == [grow(total_lag=0, max_time_lag_ms=0, queues=2, max_lag=0)]
 
 
 def test_progress_events_alone() -> None:
@@ -131,6 +138,7 @@ def test_progress_events_alone() -> None:
             time_lag_ms=60_000,
             time_lag_method="extrapolated",
             last_commit_ms=T0,
+            status="STALL",  # Burrow: one commit with lag "never moved"
         ),
         qrow(
             queue_id=1,
@@ -141,9 +149,27 @@ def test_progress_events_alone() -> None:
             time_lag_method="idle",
             last_commit_ms=T0,
         ),
-        qrow(queue_id=2, consumer_offset=10, broker_offset=20, lag_messages=10, last_commit_ms=T0),
+        qrow(
+            queue_id=2,
+            consumer_offset=10,
+            broker_offset=20,
+            lag_messages=10,
+            last_commit_ms=T0,
+            status="STALL",
+        ),
     ]
-    assert records(out.group_status) == [grow(total_lag=20, max_time_lag_ms=60_000, queues=3)]
+    assert records(out.group_status) == [
+        grow(
+            status="STALL",
+            total_lag=20,
+            max_time_lag_ms=60_000,
+            queues=3,
+            alert=True,
+            alert_reason="status NEW->STALL",
+            burrow_status="ERR",
+            max_lag=10,
+        )
+    ]
 
 
 def test_send_results_alone_give_unknown_lag_not_zero() -> None:
@@ -174,7 +200,8 @@ def test_consume_from_where_for_an_offset_of_minus_one() -> None:
     events += [progress(now, 0, -1, group="GL", topic="%RETRY%GL", broker_offset=7)]
     events += [progress(now, 0, -1, group="GL", topic="%DLQ%GL", broker_offset=3)]
     _, (out,) = run([(events, now)], cfg)
-    base = {"ts_ms": now, "last_commit_ms": now}
+    # Burrow: one commit with lag is STALL ("never moved"); GL's main queue has none
+    base = {"ts_ms": now, "last_commit_ms": now, "status": "STALL"}
     assert records(out.queue_lag, ["consumer_group", "topic"]) == [
         qrow(
             consumer_group="GF",
@@ -214,7 +241,7 @@ def test_consume_from_where_for_an_offset_of_minus_one() -> None:
             time_lag_ms=0,
             time_lag_method="idle",
             start_policy="CONSUME_FROM_LAST_OFFSET",
-            **base,
+            **{**base, "status": "OK"},
         ),
         # first message stored at or after T0-5.5s: between 4 (T0-6s) and 5 (T0-5s) -> 5
         qrow(
@@ -240,7 +267,9 @@ def test_consume_from_where_for_an_offset_of_minus_one() -> None:
         ),
     ]
     groups = {r["consumer_group"]: r for r in records(out.group_status)}
-    assert groups["GL"] == grow(consumer_group="GL", total_lag=0, max_time_lag_ms=0, retry_lag=7, dlq_lag=3)
+    assert groups["GL"] == grow(
+        consumer_group="GL", total_lag=0, max_time_lag_ms=0, retry_lag=7, dlq_lag=3, max_lag=0
+    )
 
 
 def test_retry_and_dlq_do_not_decide_the_status_or_the_worst_queue() -> None:
@@ -250,7 +279,9 @@ def test_retry_and_dlq_do_not_decide_the_status_or_the_worst_queue() -> None:
         progress(T0, 0, 0, topic="%DLQ%G", broker_offset=900),
     ]
     _, (out,) = run([(events, T0)])
-    assert records(out.group_status) == [grow(total_lag=0, max_time_lag_ms=0, retry_lag=39, dlq_lag=900)]
+    assert records(out.group_status) == [
+        grow(total_lag=0, max_time_lag_ms=0, retry_lag=39, dlq_lag=900, max_lag=0)
+    ]
 
 
 def test_ownership_idle_consumers_and_progress_from_a_non_owner() -> None:
@@ -259,6 +290,9 @@ def test_ownership_idle_consumers_and_progress_from_a_non_owner() -> None:
     first += [progress(t1, 0, 3, client="c1"), progress(t1, 1, 2, client="c1")]  # c1 inside the 20 s grace
     second = [progress(t2, 1, 3, client="c1")]
     _, (a, b) = run([(first, t1), (second, t2)])
+    # Burrow: queue 0 (one commit, lag 2, broker offsets above it) is STOP at t2; queue 1 moved: OK
+    assert records(b.queue_lag[b.queue_lag["queue_id"] == 0])[0]["status"] == "STOP"
+    b = dataclasses.replace(b, queue_lag=b.queue_lag[b.queue_lag["queue_id"] == 1])
     owners = {r["queue_id"]: (r["owner_client_id"], r["owner_mismatch"]) for r in records(a.queue_lag)}
     assert owners == {0: ("c1", False), 1: ("c2", False)}
     assert records(a.group_status)[0]["idle_consumers"] == ["c3"]
@@ -285,7 +319,10 @@ def test_events_too_far_in_the_future_are_quarantined() -> None:
     far = T0 + 2 * 3_600_000
     state, (_, out) = run([([progress(T0, 0, 1, broker_offset=2)], T0), ([progress(far, 0, 2)], T0 + 5_000)])
     assert state.clock_ms == T0 + 5_000
-    assert out.queue_lag.empty
+    # the far event is not applied: the only row is the T0 commit turning STOP (Burrow) at T0 + 5 s
+    assert [(r["consumer_offset"], r["last_commit_ms"], r["status"]) for r in records(out.queue_lag)] == [
+        (1, T0, "STOP")
+    ]
     (q,) = records(out.quarantine)
     assert (q["reason"], q["stage"], q["event_kind"], q["source_offset"]) == (
         "future_ts",
@@ -303,7 +340,9 @@ def test_events_at_or_before_the_watermark_are_quarantined_as_late() -> None:
     (q,) = records(out.quarantine)
     assert (q["reason"], q["stage"], q["event_kind"]) == ("late", "lag", "consumer_progress")
     assert "at or before the watermark" in q["detail"]
-    assert set(out.queue_lag["queue_id"]) == {1}  # the on-time event is applied
+    got = {r["queue_id"]: (r["consumer_offset"], r["last_commit_ms"]) for r in records(out.queue_lag)}
+    assert got[1] == (3, T0 + 9_000)  # the on-time event is applied
+    assert got.get(0, (1, T0)) == (1, T0)  # the late one is not (queue 0 may report turning STOP)
 
 
 def test_idle_pairs_queues_and_groups_expire() -> None:
@@ -320,11 +359,16 @@ def test_idle_pairs_queues_and_groups_expire() -> None:
     assert gone == grow(
         ts_ms=later,
         status="UNKNOWN",
-        previous_status="OK",
+        previous_status="STALL",  # Burrow: its one commit (lag 1) was STALL
         queues=0,
         worst_topic=None,
         worst_broker=None,
         worst_queue_id=None,
+        burrow_status="NOTFOUND",
+        complete=1.0,
+        maxlag_topic=None,
+        maxlag_broker=None,
+        maxlag_queue_id=None,
     )
     assert list(state.group_names[state.pairs["gcode"]]) == ["H"]
     assert list(state.topic_names[state.queues["tcode"]]) == ["U"]
@@ -350,6 +394,40 @@ def test_state_survives_encoding_and_continues_identically() -> None:
     pd.testing.assert_frame_equal(a.group_status, b.group_status)
 
 
+def test_broker_offset_samples_survive_the_codec() -> None:
+    """The queues' recent broker offsets round-trip; a state encoded before they existed starts empty."""
+    import pyarrow as pa
+
+    from pipeline.lag.codec import _from_ipc, _to_ipc
+
+    batches = [([send(T0 + 10_000 * k, q, k) for q in (0, 1)] + [progress(T0 + 10_000 * k, 0, k)], T0 + 10_000 * k)
+               for k in range(6)]  # fmt: skip
+    state, _ = run(batches)
+    assert (state.brokers.slot[0] != -1).sum() == 4  # four 10 s slots kept (window_commits)
+    restored = decode_state(encode_state(state), CFG.window_commits)
+    assert np.array_equal(restored.brokers.slot, state.brokers.slot)
+    assert np.array_equal(restored.brokers.offset, state.brokers.offset)
+    row = list(encode_state(state))
+    queues = _from_ipc(row[5])
+    row[5] = _to_ipc(
+        {n: queues.column(n).combine_chunks() for n in queues.column_names if not n.startswith("bo_")}
+    )
+    old = decode_state(tuple(row), CFG.window_commits)
+    assert old.brokers.slot.shape == (2, 4) and (old.brokers.slot == -1).all()
+    assert isinstance(queues.column("bo_slot").type, pa.FixedSizeListType)
+
+
+def test_rules_are_chosen_by_name() -> None:
+    """The same commits under each rule set: one commit with a lag is STALL for Burrow, OK otherwise."""
+    events = [send(T0 - 1_000, 0, 9), progress(T0, 0, 5)]
+    statuses = {}
+    for rules in ("burrow", "faultwatch"):
+        cfg = dataclasses.replace(CFG, rules=rules)
+        _, (out,) = run([(events, T0)], cfg)
+        statuses[rules] = (out.queue_lag["status"].tolist(), out.group_status["burrow_status"].tolist())
+    assert statuses == {"burrow": (["STALL"], ["ERR"]), "faultwatch": (["OK"], ["OK"])}
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -357,6 +435,10 @@ def test_state_survives_encoding_and_continues_identically() -> None:
         ({"index_points": 4}, "lag.index_points must be >= 8"),
         ({"default": {"consume_from_where": "CONSUME_FROM_MIDDLE"}}, "lag.default.consume_from_where"),
         ({"shards": 0}, "lag.shards must be > 0"),
+        ({"rules": "kafka"}, r"lag.rules: 'kafka' is not valid; valid values: \['burrow', 'faultwatch'\]"),
+        ({"allowed_lag": -1}, "lag.allowed_lag must be >= 0"),
+        ({"minimum_complete": 1.5}, "lag.minimum_complete must be between 0 and 1"),
+        ({"broker_offset_refresh_ms": 0}, "lag.broker_offset_refresh_ms must be > 0"),
     ],
 )
 def test_lag_config_is_validated_naming_the_key(raw: dict[str, Any], message: str) -> None:
@@ -396,11 +478,14 @@ def test_queue_rows_are_sampled_but_changes_always_reported() -> None:
         ([send(T0 + 1_000 * s, 0, i), progress(T0 + 1_000 * s, 0, i + 1)], T0 + 1_000 * s)
         for i, s in enumerate(seconds)
     ]
-    batches.append(([send(T0 + 200_000, 0, 5)], T0 + 200_000))  # no commit for 138 s: STOP
+    # No commit after 62 s. At 200 s a new message arrives, but Burrow's broker offsets of the last
+    # 4 x 10 s still hold one at the last commit: excused. At 240 s they no longer do: STOP.
+    batches.append(([send(T0 + 200_000, 0, 5)], T0 + 200_000))
+    batches.append(([send(T0 + 240_000, 0, 6)], T0 + 240_000))
     _, outs = run(batches, cfg)
     rows = [[((r["ts_ms"] - T0) // 1000, r["status"]) for r in records(o.queue_lag)] for o in outs]
-    assert rows == [[(1, "OK")], [], [], [(61, "OK")], [], [(200, "STOP")]]
-    assert [len(o.group_status) for o in outs] == [1, 1, 1, 1, 1, 1]
+    assert rows == [[(1, "OK")], [], [], [(61, "OK")], [], [], [(240, "STOP")]]
+    assert [len(o.group_status) for o in outs] == [1, 1, 1, 1, 1, 1, 1]
 
 
 def test_name_and_queue_numbering_stay_bounded_and_change_nothing() -> None:
