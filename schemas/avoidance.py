@@ -17,7 +17,7 @@ WIRE_SCHEMA_ID = "faultwatch.avoidance/1"
 AVOIDANCE_RECOMMENDATIONS = TableSpec(
     "avoidance_recommendations",
     (
-        Field("cycle_id", "string", doc="publisher cycle: floor(logical time / publish.interval_s)"),
+        Field("cycle_id", "string", doc="publisher cycle: its logical time in ms (as a string)"),
         Field("cluster", "string"),
         Field("broker_name", "string"),
         Field("action", "string", enum=("avoid", "keep_available")),
@@ -35,15 +35,18 @@ AVOIDANCE_RECOMMENDATIONS = TableSpec(
 )
 
 CYCLE_STEPS = ("avoidance", "lag_alerts")
-CYCLE_STATUSES = ("published", "rejected", "sent")
+CYCLE_STATUSES = ("published", "rejected", "sent", "skipped")
 
 PUBLISHER_CYCLES = TableSpec(
     "publisher_cycles",
     (
         Field("cycle_id", "string"),
-        Field("cycle_number", "int64", doc="the Delta transaction version of the step's appends"),
+        Field("cycle_number", "int64", doc="the cycle's logical time in ms; the Delta transaction version of its appends"),
         Field("step", "string", enum=CYCLE_STEPS),
-        Field("status", "string", enum=CYCLE_STATUSES, doc="rejected: the gate failed, nothing published"),
+        Field(
+            "status", "string", enum=CYCLE_STATUSES,
+            doc="rejected: the gate failed, nothing published; skipped: a later cycle had already published",
+        ),
         Field("decided_ms", "int64"),
         Field("input_freshest_ms", "int64", nullable=True),
         Field("clusters", "int32"),
@@ -53,6 +56,7 @@ PUBLISHER_CYCLES = TableSpec(
         Field("alerts", "int32", doc="alerts sent on rmq.alerts by this step"),
         Field("alerts_until_ms", "int64", nullable=True, doc="lag alerts: group_status rows up to here sent"),
         Field("policy_version", "string"),
+        Field("reason", "string", nullable=True, doc="why the cycle was skipped or rejected"),
     ),
 )
 

@@ -4,11 +4,15 @@ Thin on purpose (STYLE.md §11): each task calls one ``pipeline.publish`` step, 
 (deltalake, kafka, great_expectations, the pipeline itself) is imported inside the tasks, so parsing
 this file makes no connection and stays fast. Values between tasks are small JSON (XCom).
 
-A cycle is numbered from the run's logical time (``floor(t / publish.interval_s)``); its Delta
-appends carry that number as a transaction version, so a retried or re-run task publishes nothing
-twice. A failed validation fails the ``validate`` task without retries (the next minute's run is
-the retry), after recording the refusal and sending an alert; the last good list stays in force
-until its own expiry.
+A cycle's identity is the run's time in ms (when it was due); its Delta appends carry it as a
+transaction version, so a retried or re-run task publishes nothing twice, whatever
+``publish.interval_s`` or another publisher over the same tables uses. A cycle with nothing to do
+(it, or a cycle at or after its time, already published) ends ``skipped`` with the reason in the
+task log and, when superseded, a ``skipped`` row in ``publisher_cycles``. A failed validation
+fails the ``validate`` task without retries (the next run is the retry), after recording the
+refusal and sending an alert; the last good list stays in force until its own expiry.
+
+``FAULTWATCH_AVOIDANCE_SCHEDULE`` replaces the schedule: a cron expression, or a number of seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import Param, dag, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from pipeline.config import DEFAULT_CONFIG_PATH  # light: no Spark, Kafka or Delta at parse time
 
@@ -25,10 +30,26 @@ from pipeline.config import DEFAULT_CONFIG_PATH  # light: no Spark, Kafka or Del
 DEFAULT_CONFIG = os.environ.get("FAULTWATCH_CONFIG", str(DEFAULT_CONFIG_PATH))
 
 
+def _schedule(value: str) -> str | timedelta:
+    """Every minute on the minute unless the deployment says otherwise (seconds or a cron line)."""
+    value = value.strip()
+    return timedelta(seconds=int(value)) if value.isdigit() else value
+
+
 def _cycle_time_ms(context: dict[str, Any]) -> int:
-    """The run's logical time; manual runs in Airflow 3 may have none, then when it was queued."""
-    when = context.get("logical_date") or getattr(context.get("dag_run"), "run_after", None)
+    """When the run was due (``run_after``: the tick of a schedule, the trigger time of a manual run).
+
+    Not the logical date, which an interval schedule puts a whole interval earlier.
+    """
+    when = getattr(context.get("dag_run"), "run_after", None) or context.get("logical_date")
     return int(when.timestamp() * 1000) if when is not None else int(datetime.now(timezone.utc).timestamp() * 1000)
+
+
+def _skip(result: dict[str, Any]) -> dict[str, Any]:
+    """A step that did nothing ends its task as skipped, with the reason in the task's log."""
+    if result.get("status") == "skipped":
+        raise AirflowSkipException(result.get("reason") or "nothing to do")
+    return result
 
 
 def _config(params: dict[str, Any]) -> Any:
@@ -40,7 +61,7 @@ def _config(params: dict[str, Any]) -> Any:
 @dag(
     dag_id="faultwatch_avoidance",
     description="Publish which RocketMQ brokers producers should avoid (rmq.avoidance)",
-    schedule="* * * * *",  # every minute, on the minute: cycle numbers follow the logical time
+    schedule=_schedule(os.environ.get("FAULTWATCH_AVOIDANCE_SCHEDULE", "* * * * *")),
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,
@@ -53,21 +74,25 @@ def _config(params: dict[str, Any]) -> Any:
     },
     params={
         "config": Param(DEFAULT_CONFIG, type="string", description="faultwatch TOML configuration file"),
-        "cycle": Param(None, type=["null", "integer"], description="cycle number (default: from the logical time)"),
+        "cycle": Param(
+            None, type=["null", "integer"], description="cycle identity in Unix ms (default: when the run was due)"
+        ),
     },
     tags=["faultwatch", "rocketmq"],
 )
 def faultwatch_avoidance() -> None:
     @task
     def load(params: dict[str, Any] | None = None, **context: Any) -> dict[str, Any]:
-        from pipeline.publish import cycle_number_for, load_inputs
+        from pipeline.publish import load_inputs, skip_cycle
 
         params = params or {}
         cfg = _config(params)
         number = params.get("cycle")
-        if number is None:
-            number = cycle_number_for(_cycle_time_ms(context), cfg.publish.interval_s)
-        return load_inputs(cfg, int(number)).to_jsonable()
+        number = _cycle_time_ms(context) if number is None else int(number)
+        reason = skip_cycle(cfg, number)
+        if reason is not None:
+            raise AirflowSkipException(reason)  # downstream tasks are skipped too
+        return load_inputs(cfg, number).to_jsonable()
 
     @task
     def recommend(loaded: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -103,13 +128,13 @@ def faultwatch_avoidance() -> None:
         from pipeline.publish import publish as send
 
         cfg = _config(params or {})
-        return send(cfg, CycleInput.from_jsonable(loaded), decision_from_jsonable(decision), GateResult(valid))
+        return _skip(send(cfg, CycleInput.from_jsonable(loaded), decision_from_jsonable(decision), GateResult(valid)))
 
     @task
     def lag_alerts(loaded: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
         from pipeline.publish import CycleInput, send_lag_alerts
 
-        return send_lag_alerts(_config(params or {}), CycleInput.from_jsonable(loaded))
+        return _skip(send_lag_alerts(_config(params or {}), CycleInput.from_jsonable(loaded)))
 
     loaded = load()
     decision = recommend(loaded)

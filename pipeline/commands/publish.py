@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("faultwatch.publish")
 
+EXIT_CODES = {"published": 0, "rejected": 3, "skipped": 4}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -21,8 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Read the silver Delta tables, decide which brokers producers should avoid, validate the list "
             "with Great Expectations, and publish it (Kafka topic, one JSON file per cluster, Delta history). "
-            "Re-running a cycle publishes nothing twice. Exit code 0: published (or already done); "
-            "3: validation failed, nothing published, an alert was sent."
+            "Re-running a cycle publishes nothing twice. Exit code 0: published; 3: validation failed, "
+            "nothing published, an alert was sent; 4: skipped (this cycle, or one at or after its time, "
+            "was already published), with the reason printed."
         ),
     )
     add_config_arg(p)
@@ -31,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="cycle number (default: floor(now / publish.interval_s)); a cycle already done is skipped",
+        help="cycle identity, its logical time in Unix ms (default: now aligned down to publish.interval_s); "
+        "a cycle at or before the last published one is skipped",
     )
     p.add_argument(
         "--every",
@@ -43,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _print_report(report: CycleReport) -> None:
     line = f"cycle {report.cycle_id}: {report.status}"
+    if report.status == "skipped":
+        line += f" ({report.reason})"
     if report.decision is not None:
         avoided = [f"{r.cluster}/{r.broker_name}" for r in report.decision.recommendations() if r.action == "avoid"]
         line += f"; avoid {', '.join(avoided) if avoided else 'nothing'}"
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.every:
         report = run_cycle(cfg, cycle_number=args.cycle_id)
         _print_report(report)
-        return 3 if report.status == "rejected" else 0
+        return EXIT_CODES[report.status]
     interval = cfg.publish.interval_s
     while True:
         try:

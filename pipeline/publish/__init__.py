@@ -17,6 +17,8 @@ from pipeline.publish.cycle import (
     reject,
     run_cycle,
     send_lag_alerts,
+    skip_cycle,
+    skip_reason,
     validate,
 )
 from pipeline.publish.gate import GateResult, run_gate
@@ -34,5 +36,7 @@ __all__ = [
     "run_cycle",
     "run_gate",
     "send_lag_alerts",
+    "skip_cycle",
+    "skip_reason",
     "validate",
 ]

@@ -1,9 +1,14 @@
 """One publisher cycle: load → recommend → validate → publish (or reject), plus lag alerts.
 
 The steps are separate functions so the Airflow DAG runs each as a task and ``faultwatch publish``
-runs them in a row (:func:`run_cycle`). Values between steps are JSON-able (XCom). A cycle is
-numbered ``floor(time / publish.interval_s)``; that number is the Delta transaction version of the
-cycle's appends, so re-running a cycle appends, publishes and alerts nothing twice.
+runs them in a row (:func:`run_cycle`). Values between steps are JSON-able (XCom).
+
+A cycle's identity (``cycle_number``) is its logical time in ms: the DAG run's logical time, or
+``now`` aligned down to ``publish.interval_s``. It is the Delta transaction version of the cycle's
+appends, so identities stay comparable across publishers and interval changes: a step is done
+when a cycle at or after this time committed it. A cycle that does nothing says why
+(:func:`skip_reason`); a superseded one records a ``skipped`` row; a refused one always records
+its ``rejected`` row and alert, once per cycle.
 """
 
 from __future__ import annotations
@@ -43,7 +48,21 @@ def now_ms() -> int:
 
 
 def cycle_number_for(t_ms: int, interval_s: float) -> int:
-    return int(t_ms // round(interval_s * 1000))
+    """The identity of the cycle that runs at ``t_ms``: that time aligned down to the interval, in ms."""
+    step = round(interval_s * 1000)
+    return int(t_ms // step * step)
+
+
+def _when(ms: int) -> str:
+    stamp = dt.datetime.fromtimestamp(ms // 1000, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{ms % 1000:03d}Z"
+
+
+def describe_cycle(cycle_number: int) -> str:
+    """``cycle 1764018060000 (2025-11-24T21:01:00.000Z)``: identities are times, show them as such."""
+    if cycle_number < 10**11:  # an identity forced by hand (tests, old tables): not a time
+        return f"cycle {cycle_number}"
+    return f"cycle {cycle_number} ({_when(cycle_number)})"
 
 
 def lag_app_id(cfg: Config) -> str:
@@ -108,26 +127,83 @@ def validate(inp: CycleInput, decision: Decision, cfg: Config) -> GateResult:
     return run_gate(inp.snapshot, decision, cfg.policy)
 
 
+def _app_id(cfg: Config, step: str) -> str:
+    return cfg.publish.app_id if step == AVOIDANCE_STEP else lag_app_id(cfg)
+
+
+_DONE = {AVOIDANCE_STEP: "published", LAG_STEP: "sent its lag alerts"}
+
+
+def _committed(cfg: Config, step: str) -> int | None:
+    return sinks.committed_version(cfg.storage.root, "publisher_cycles", _app_id(cfg, step))
+
+
+def skip_reason(cfg: Config, cycle_number: int, step: str = AVOIDANCE_STEP) -> str | None:
+    """Why ``step`` of this cycle must do nothing (a cycle at or after its time did it), or None."""
+    done = _committed(cfg, step)
+    if done is None or done < cycle_number:
+        return None
+    this = describe_cycle(cycle_number)
+    if done == cycle_number:
+        return f"{this} already {_DONE[step]}: nothing to do"
+    return (
+        f"{this} superseded: {describe_cycle(done)}, at or after this cycle's time, already {_DONE[step]} "
+        f"(publish.app_id {_app_id(cfg, step)!r}); an older list is never published after a newer one"
+    )
+
+
 def already_done(cfg: Config, cycle_number: int, step: str = AVOIDANCE_STEP) -> bool:
     """True when this cycle (or a later one) already committed ``step``: a re-run does nothing."""
-    app_id = cfg.publish.app_id if step == AVOIDANCE_STEP else lag_app_id(cfg)
-    version = sinks.committed_version(cfg.storage.root, "publisher_cycles", app_id)
-    return version is not None and version >= cycle_number
+    return skip_reason(cfg, cycle_number, step) is not None
+
+
+def _has_row(cfg: Config, cycle_number: int, step: str, status: str) -> bool:
+    rows = read_table(
+        cfg.storage.root, "publisher_cycles", columns=["cycle_number"],
+        filter=(pc.field("cycle_number") == cycle_number) & (pc.field("step") == step) & (pc.field("status") == status),
+    )
+    return rows.num_rows > 0
+
+
+def skip_cycle(cfg: Config, cycle_number: int, at_ms: int | None = None) -> str | None:
+    """:func:`skip_reason` for the avoidance step; a superseded cycle also gets its ``skipped`` row.
+
+    A re-run of a cycle that published adds nothing (its ``published`` row says what happened); a
+    cycle that never published because a later one had, records why, once.
+    """
+    reason = skip_reason(cfg, cycle_number)
+    if reason is None:
+        return None
+    log.warning("%s", reason)
+    done = _committed(cfg, AVOIDANCE_STEP)
+    if done is not None and done > cycle_number and not _has_row(cfg, cycle_number, AVOIDANCE_STEP, "skipped"):
+        now = now_ms() if at_ms is None else at_ms
+        row = _row(cfg, cycle_number, now, None, None, AVOIDANCE_STEP, "skipped", reason=reason)
+        sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
+    return reason
+
+
+def _row(
+    cfg: Config, cycle_number: int, decided_ms: int, freshest_ms: int | None, decision: Decision | None,
+    step: str, status: str, **kw: Any,
+) -> dict[str, Any]:
+    recs = decision.recommendations() if decision is not None else []
+    row = {
+        "cycle_id": str(cycle_number), "cycle_number": cycle_number, "step": step, "status": status,
+        "decided_ms": decided_ms, "input_freshest_ms": freshest_ms,
+        "clusters": len(decision.clusters) if decision is not None else 0,
+        "avoided": sum(r.action == AVOID for r in recs), "kept_available": sum(r.action != AVOID for r in recs),
+        "failed_checks": [], "alerts": 0, "alerts_until_ms": None, "policy_version": cfg.policy.version,
+        "reason": None,
+    }
+    row.update(kw)
+    return row
 
 
 def cycle_row(
     cfg: Config, inp: CycleInput, decision: Decision | None, step: str, status: str, **kw: Any
 ) -> dict[str, Any]:
-    recs = decision.recommendations() if decision is not None else []
-    row = {
-        "cycle_id": inp.cycle_id, "cycle_number": inp.cycle_number, "step": step, "status": status,
-        "decided_ms": inp.now_ms, "input_freshest_ms": inp.snapshot.freshest_ms,
-        "clusters": len(decision.clusters) if decision is not None else 0,
-        "avoided": sum(r.action == AVOID for r in recs), "kept_available": sum(r.action != AVOID for r in recs),
-        "failed_checks": [], "alerts": 0, "alerts_until_ms": None, "policy_version": cfg.policy.version,
-    }
-    row.update(kw)
-    return row
+    return _row(cfg, inp.cycle_number, inp.now_ms, inp.snapshot.freshest_ms, decision, step, status, **kw)
 
 
 def history_rows(decision: Decision, cycle_id: str) -> list[dict[str, Any]]:
@@ -147,9 +223,9 @@ def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) 
     """Kafka, then files, then Delta (the cycles row last: it marks the cycle done)."""
     if not gate.success:
         raise ValueError(f"cycle {inp.cycle_id}: refusing to publish a decision that failed validation")
-    if already_done(cfg, inp.cycle_number):
-        log.info("cycle %s already published (or superseded): nothing to do", inp.cycle_id)
-        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0}
+    reason = skip_cycle(cfg, inp.cycle_number, inp.now_ms)
+    if reason is not None:
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}
     msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(decision, inp.cycle_id)]
     sinks.send_records(cfg, cfg.topics.avoidance, msgs)
     if cfg.publish.write_files:
@@ -161,23 +237,32 @@ def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) 
     sinks.append_once(
         root, "publisher_cycles", [cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
     )
-    log.info("cycle %s published %d cluster list(s), %d avoided", inp.cycle_id, len(msgs),
+    log.info("%s published %d cluster list(s), %d avoided", describe_cycle(inp.cycle_number), len(msgs),
              sum(len(c.avoided()) for c in decision.clusters))
     return {"cycle_id": inp.cycle_id, "status": "published", "clusters": len(msgs)}
 
 
 def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
-    """Publish nothing, alert, and record the refusal; the last good list keeps its own expiry."""
-    if already_done(cfg, inp.cycle_number):
-        return {"cycle_id": inp.cycle_id, "status": "skipped"}
+    """Publish nothing, alert, and record the refusal; the last good list keeps its own expiry.
+
+    Once per cycle whatever other cycles did: a retry that finds this cycle's ``rejected`` row sends
+    and appends nothing (a crash between the alert and the row re-sends the same ``alert_id``).
+    """
+    failed = list(gate.failed)
+    result = {"cycle_id": inp.cycle_id, "status": "rejected", "failed_checks": failed, "reason": gate.summary()}
+    if _has_row(cfg, inp.cycle_number, AVOIDANCE_STEP, "rejected"):
+        log.warning("%s was already rejected and alerted on: %s", describe_cycle(inp.cycle_number), gate.summary())
+        return result
     key, alert = alerts.gate_alert(
         inp.cycle_id, inp.now_ms, gate.failed, [c.cluster for c in decision.clusters], inp.previous.cycle_id
     )
     sinks.send_records(cfg, cfg.topics.alerts, [(key, alerts.encode_alert(alert))])
-    row = cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "rejected", failed_checks=list(gate.failed), alerts=1)
-    sinks.append_once(cfg.storage.root, "publisher_cycles", [row], cfg.publish.app_id, inp.cycle_number)
-    log.warning("cycle %s rejected by the gate: %s", inp.cycle_id, gate.summary())
-    return {"cycle_id": inp.cycle_id, "status": "rejected", "failed_checks": list(gate.failed)}
+    row = cycle_row(
+        cfg, inp, decision, AVOIDANCE_STEP, "rejected", failed_checks=failed, alerts=1, reason=gate.summary()
+    )
+    sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
+    log.warning("%s rejected by the gate: %s", describe_cycle(inp.cycle_number), gate.summary())
+    return result
 
 
 def _alert_watermark(cfg: Config, now: int) -> int:
@@ -188,8 +273,10 @@ def _alert_watermark(cfg: Config, now: int) -> int:
 
 def send_lag_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
     """Alert on ``group_status`` rows flagged ``alert`` since the previous cycle's watermark."""
-    if not cfg.publish.publish_alerts or already_done(cfg, inp.cycle_number, LAG_STEP):
-        return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0}
+    reason = "publish.publish_alerts is false" if not cfg.publish.publish_alerts else skip_reason(
+        cfg, inp.cycle_number, LAG_STEP)
+    if reason is not None:
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0, "reason": reason}
     since = _alert_watermark(cfg, inp.now_ms)
     rows = read_table(
         cfg.storage.root, "group_status",
@@ -212,6 +299,7 @@ class CycleReport:
     gate: GateResult | None
     decision: Decision | None
     lag_alerts: int
+    reason: str | None = None  # why it was skipped or rejected
 
 
 def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = None) -> CycleReport:
@@ -220,10 +308,10 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
     number = cycle_number_for(now, cfg.publish.interval_s) if cycle_number is None else cycle_number
     inp = load_inputs(cfg, number, now)
     lag = send_lag_alerts(cfg, inp)["alerts"]
-    if already_done(cfg, number):
-        return CycleReport(inp.cycle_id, "skipped", None, None, lag)
+    reason = skip_cycle(cfg, number, now)
+    if reason is not None:
+        return CycleReport(inp.cycle_id, "skipped", None, None, lag, reason)
     decision = recommend(inp, cfg)
     gate = validate(inp, decision, cfg)
     result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
-    return CycleReport(inp.cycle_id, result["status"], gate, decision, lag)
-
+    return CycleReport(inp.cycle_id, result["status"], gate, decision, lag, result.get("reason"))

@@ -91,11 +91,26 @@ def append_once(root: str, name: str, rows: list[dict[str, Any]], app_id: str, v
     Returns whether it appended. The transaction rides in the same commit as the rows, so a crash
     leaves either both or neither.
     """
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import CommitProperties, Transaction
 
     done = committed_version(root, name, app_id)
     if done is not None and done >= version:
         return False
+    _append(root, name, rows, CommitProperties(app_transactions=[Transaction(app_id, version)]))
+    return True
+
+
+def append_rows(root: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Append without a transaction: for rows whose caller checked for themselves (one per cycle).
+
+    A transaction would move ``app_id``'s version, which must only ever grow with published cycles.
+    """
+    _append(root, name, rows, None)
+
+
+def _append(root: str, name: str, rows: list[dict[str, Any]], commit: Any) -> None:
+    from deltalake import write_deltalake
+
     spec = table(name)
     data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
     write_deltalake(
@@ -103,6 +118,6 @@ def append_once(root: str, name: str, rows: list[dict[str, Any]], app_id: str, v
         data,
         mode="append",
         partition_by=list(spec.partition_by) or None,
-        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+        schema_mode="merge",  # tables written before a nullable column was declared gain it
+        commit_properties=commit,
     )
-    return True

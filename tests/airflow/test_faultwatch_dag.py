@@ -155,3 +155,21 @@ def test_dag_run_on_invalid_input_fails_and_publishes_nothing_new(dagbag, tmp_pa
     assert sorted(r["cycle_number"] - cycle for r in cycles.to_pylist() if r["status"] == "rejected") == [1]
     history = read_table(cfg.storage.root, "avoidance_recommendations", columns=["cycle_id"])
     assert set(history.column("cycle_id").to_pylist()) == {str(cycle)}
+
+
+def test_dag_run_of_a_superseded_cycle_ends_skipped_with_its_reason(dagbag, tmp_path: Path, kafka) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.deltaio import read_table
+    from pipeline.publish import run_cycle
+
+    cfg, path, now = _setup(tmp_path, kafka, "dagskip", bad=False)
+    cycle = now // 60_000 * 60_000
+    assert run_cycle(cfg, cycle_number=cycle, at_ms=now).status == "published"
+
+    dr = dagbag.get_dag(DAG_ID).test(run_conf={"config": path, "cycle": cycle - 60_000})
+
+    assert _states(dr) == dict.fromkeys(["load", "recommend", "validate", "publish", "lag_alerts"], "skipped")
+    rows = read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status", "reason"])
+    [skipped] = [r for r in rows.to_pylist() if r["status"] == "skipped"]
+    assert (skipped["cycle_number"], skipped["step"]) == (cycle - 60_000, "avoidance")
+    assert "superseded" in skipped["reason"] and f"cycle {cycle} (" in skipped["reason"]
+    assert [m["cycle_id"] for _, m in read_topic(kafka.bootstrap, cfg.topics.avoidance)] == [str(cycle)]
