@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.config import Config, ConfigError
 from pipeline.serve import api
+from pipeline.serve.page import render_page
 from pipeline.serve.snapshot import Refresher, Snapshot, health
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,17 @@ class Routes:
             return web.Response(status=503, text="no refresh of the tables has finished yet\n")
         return web.Response(body=snap.metrics, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
+    async def page(self, request: web.Request) -> web.Response:
+        snap = self._snapshot()
+        if snap is None:
+            return web.Response(status=503, text="no refresh of the tables has finished yet\n")
+        body = snap.cache.get("page")
+        if body is None:
+            now_ms = int(self.clock() * 1000)
+            body = snap.cache["page"] = render_page(snap.state, health(snap, self.cfg, now_ms),
+                                                    self.cfg.serve.page_refresh_s)
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
+
     async def healthz(self, request: web.Request) -> web.Response:
         status, reasons = health(self._snapshot(), self.cfg, int(self.clock() * 1000))
         body = {"status": "ok" if status == 200 else "unhealthy", "reasons": reasons}
@@ -157,6 +169,7 @@ def build_app(cfg: Config, refresher: Refresher) -> web.Application:
     r = Routes(cfg, refresher)
     p = api.API_PREFIX
     app.add_routes([
+        web.get("/", r.page),
         web.get("/metrics", r.metrics),
         web.get("/healthz", r.healthz),
         web.get(p, r.clusters),
