@@ -1,9 +1,11 @@
 """Replay RocketMQ rule cases: the differential-test vectors' ``input`` objects in, ``expected`` out.
 
 ``faultwatch replay faults --version 4.9.8 < cases.jsonl`` answers each line with exactly the shape
-the Java oracle produced, so our rules can be diffed against the real client on any new input. A bad
-line is answered with an error object naming the line and the problem, and the run goes on: bad
-input is output, not a crash. Also runnable as ``python -m pipeline.replay faults --version 5.3.3``.
+the Java oracle produced, so our rules can be diffed against the real client on any new input.
+``faultwatch replay lag [--rules burrow|faultwatch]`` answers queue and group lag cases with Burrow's
+verdicts (:mod:`pipeline.lag.replay` describes the lines). A bad line is answered with an error
+object naming the line and the problem, and the run goes on: bad input is output, not a crash. Also
+runnable as ``python -m pipeline.replay faults --version 5.3.3``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
+from pipeline.lag.replay import LagCaseError, replay_lag_case
+from pipeline.lag.status import RULE_SETS
 from pipeline.rocketmq.allocate import AllocResult, MessageQueue, allocate, rebalance
 from pipeline.rocketmq.fault import (
     GEN_5,
@@ -28,7 +32,7 @@ from pipeline.rocketmq.fault import (
 )
 from schemas.errors import FaultwatchError
 
-KINDS = ("faults", "alloc")
+KINDS = ("faults", "alloc", "lag")
 
 
 class CaseError(FaultwatchError, ValueError):
@@ -224,15 +228,21 @@ def replay_alloc_case(input_obj: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def replay_line(kind: str, version: str | None, line: str, line_no: int) -> dict[str, Any]:
-    """One output object for one input line: the expected shape, or ``{"line", "error"}``."""
+def replay_line(
+    kind: str, version: str | None, line: str, line_no: int, rules: str = "burrow"
+) -> dict[str, Any]:
+    """One output object for one input line: the expected shape, or ``{"line", "error"}``
+    (with the case's ``case_id``, or ``id`` for lag cases, when it has one)."""
     case_id = None
+    id_key = "id" if kind == "lag" else "case_id"
     try:
         obj = json.loads(line)
         if isinstance(obj, Mapping) and isinstance(obj.get("input"), Mapping):
             obj = obj["input"]  # a whole vector line: replay its input
         if isinstance(obj, Mapping):
-            case_id = obj.get("case_id")
+            case_id = obj.get(id_key)
+        if kind == "lag":
+            return replay_lag_case(obj, rules)
         if kind == "faults":
             if version is None:
                 raise CaseError("--version is required for fault cases")
@@ -240,21 +250,25 @@ def replay_line(kind: str, version: str | None, line: str, line_no: int) -> dict
         return replay_alloc_case(obj)
     except json.JSONDecodeError as exc:
         problem = f"invalid JSON: {exc}"
-    except CaseError as exc:
+    except (CaseError, LagCaseError) as exc:
         problem = str(exc)
     error: dict[str, Any] = {"line": line_no, "error": problem}
     if case_id is not None:
-        error["case_id"] = case_id
+        error[id_key] = case_id
     return error
 
 
-def run_replay(kind: str, version: str | None, stdin: Iterable[str], stdout: TextIO) -> int:
+def run_replay(
+    kind: str, version: str | None, stdin: Iterable[str], stdout: TextIO, rules: str = "burrow"
+) -> int:
     """Stream cases from ``stdin`` to ``stdout``, one JSON line each; 1 if any line was bad.
 
     Blank lines are skipped (they carry no case); line numbers count every input line from 1.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown replay kind {kind!r}; valid: {list(KINDS)}")
+    if rules not in RULE_SETS:
+        raise ValueError(f"unknown lag rule set {rules!r}; valid names: {list(RULE_SETS)}")
     if kind == "faults":
         if version is None:
             raise ValueError("--version is required for fault cases (e.g. 4.9.8 or 5.3.3)")
@@ -263,7 +277,7 @@ def run_replay(kind: str, version: str | None, stdin: Iterable[str], stdout: Tex
     for line_no, line in enumerate(stdin, start=1):
         if not line.strip():
             continue
-        out = replay_line(kind, version, line, line_no)
+        out = replay_line(kind, version, line, line_no, rules)
         if "error" in out and "line" in out:
             status = 1
         stdout.write(json.dumps(out) + "\n")
@@ -273,11 +287,20 @@ def run_replay(kind: str, version: str | None, stdin: Iterable[str], stdout: Tex
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The replay arguments, shared by ``faultwatch replay`` and ``python -m pipeline.replay``."""
-    parser.add_argument("kind", choices=KINDS, help="faults: latency fault cases; alloc: allocation cases")
+    parser.add_argument(
+        "kind",
+        choices=KINDS,
+        help="faults: latency fault cases; alloc: allocation cases; lag: queue and group lag status cases",
+    )
     parser.add_argument(
         "--version",
         help="Java client version the fault cases are replayed as, e.g. 4.9.8 or 5.3.3 "
         "(required for faults; allocation is the same in both)",
+    )
+    parser.add_argument(
+        "--rules",
+        default="burrow",
+        help=f"lag cases: the rule set, one of {list(RULE_SETS)} (default burrow)",
     )
 
 
@@ -286,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return run_replay(args.kind, args.version, sys.stdin, sys.stdout)
+        return run_replay(args.kind, args.version, sys.stdin, sys.stdout, args.rules)
     except ValueError as exc:
         parser.error(str(exc))
         return 2  # pragma: no cover - parser.error exits

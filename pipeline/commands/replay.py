@@ -1,4 +1,4 @@
-"""``faultwatch replay faults|alloc``: run RocketMQ rule cases through our rules (see pipeline.replay)."""
+"""``faultwatch replay faults|alloc|lag``: run rule cases through our rules (see pipeline.replay)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "replay",
-        help="replay fault or allocation cases (JSON lines on stdin) through the RocketMQ rules",
-        description="Reads one case per line on stdin and writes the Java oracle's result shape, "
-        "one JSON object per line, on stdout. Bad lines yield an error object and processing goes on.",
+        help="replay fault, allocation or lag status cases (JSON lines on stdin) through the rules",
+        description="Reads one case per line on stdin and writes the Java oracle's result shape (faults, "
+        "alloc) or Burrow's lag verdict (lag), one JSON object per line, on stdout. Bad lines yield an "
+        "error object and processing goes on.",
     )
     add_arguments(parser)
     parser.set_defaults(handler=handle)
@@ -26,7 +27,7 @@ def handle(args: argparse.Namespace) -> int:
     from pipeline.replay import run_replay
 
     try:
-        return run_replay(args.kind, args.version, sys.stdin, sys.stdout)
+        return run_replay(args.kind, args.version, sys.stdin, sys.stdout, args.rules)
     except ValueError as exc:
         print(f"faultwatch replay: {exc}", file=sys.stderr)
         return 2
