@@ -8,11 +8,16 @@ with some batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow.compute as pc
 
 from pipeline.deltaio import latest_revision, read_table
+
+# Group statuses that mean "falling behind" (Burrow's verdicts); OK and UNKNOWN do not, whatever the
+# lag: a group that keeps up still has the messages of its last poll outstanding.
+LAGGING_STATUSES = ("WARN", "STALL", "STOP", "REWIND")
 
 
 @dataclass
@@ -30,7 +35,7 @@ class DemoSnapshot:
 
     @property
     def lagging_groups(self) -> list[dict[str, Any]]:
-        return [g for g in self.groups if g["status"] not in ("OK", "UNKNOWN") or (g["total_lag"] or 0) > 0]
+        return [g for g in self.groups if g["status"] in LAGGING_STATUSES]
 
 
 def _rows(root: str, name: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -119,16 +124,28 @@ def render(snap: DemoSnapshot, header: str) -> Any:
     return Group(header, brokers, episodes, groups)
 
 
+def episode_span(episode: dict[str, Any]) -> str:
+    """How long a closed episode lasted; for one not closed, since when (event time, UTC).
+
+    No "lasted" for an open episode: its end is not known yet, and its last change says nothing of it.
+    """
+    if episode["closed_ms"] is not None:
+        return f"lasted {(episode['closed_ms'] - episode['opened_ms']) / 1000:.0f}s"
+    since = datetime.fromtimestamp(episode["opened_ms"] / 1000, tz=timezone.utc).strftime("%H:%M:%S UTC")
+    if episode["state"] == "suspected":
+        return f"suspected since {since}, not confirmed yet"
+    return f"still open, since {since}"
+
+
 def summary_lines(snap: DemoSnapshot) -> list[str]:
     lines = [
         f"bronze: {snap.bronze_rows} send results, {snap.quarantined} quarantined",
         f"fault episodes: {len(snap.episodes)} ({len(snap.open_episodes)} still open)",
     ]
     for e in snap.episodes:
-        closed = "open" if e["closed_ms"] is None else f"{(e['closed_ms'] - e['opened_ms']) / 1000:.0f}s"
         lines.append(
             f"  {e['cluster']}/{e['broker_name']}: {e['reason']}, peak {e['peak_avoiding_share']:.0%} of producers "
-            f"avoiding, {e['failures']} failures, dominant error {e['dominant_error']}, lasted {closed}"
+            f"avoiding, {e['failures']} failures, dominant error {e['dominant_error']}, {episode_span(e)}"
         )
     lines.append(f"lagging consumer groups: {len(snap.lagging_groups)} of {len(snap.groups)}")
     for g in snap.lagging_groups[:5]:
