@@ -51,6 +51,12 @@ if [ "$target" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium || die "the report test needs Debian's chromium package: apt-get install chromium"
 fi
 
+# 3b. Prometheus for the serve tests: promtool checks deploy/, a real server scrapes (test set only)
+if [ "$target" = "test" ] && ! command -v promtool >/dev/null 2>&1; then
+  say "installing Prometheus (deploy/ rules check and the scrape test)"
+  apt_install prometheus || die "the serve tests need Debian's prometheus package: apt-get install prometheus"
+fi
+
 # 4. The project's virtual environment
 case "$target" in
   demo) extras="[demo]" ;;
