@@ -8,14 +8,16 @@ next demo (the broker keeps nothing between runs, so old checkpoints would not m
 
 from __future__ import annotations
 
-import io
+import contextlib
+import os
 import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pipeline.config import Config
 
@@ -82,6 +84,30 @@ class Publisher(threading.Thread):
 FAULT_INPUTS = ("broker_fault_episodes", "broker_health", "producer_fault_windows")
 
 
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[TextIO]:
+    """Point this process's stderr (fd 2) at ``path`` and yield that file, opened for appending.
+
+    The JVM Spark starts inherits fd 2, and so do the Python workers it starts: Spark's log (log4j2
+    writes to stderr) and any warning land in the file instead of tearing the live view apart, and
+    the JVM keeps writing there after this process's stderr is restored.
+    """
+    with open(path, "a", buffering=1, encoding="utf-8") as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")[-chars:]
+
+
 def run_demo(
     cfg: Config, duration_s: float | None = None, root: Path = DEMO_ROOT, out: Any = sys.stdout
 ) -> DemoResult:
@@ -103,7 +129,12 @@ def run_demo(
     root.mkdir(parents=True)
     scenario = load_scenario(cfg.demo.scenario)
     console.print(f"demo: scenario {scenario.name!r} for {duration:.0f}s at speed {cfg.demo.speed}; starting Kafka and Spark")
-    with start_local_kafka(topics=cfg.topics.all(), partitions=cfg.kafka.partitions, log_dir=root) as kafka:
+    stream_log_path = root / "stream.log"  # the stream's batches, and Spark's and the JVM's log
+    console.print(f"demo: Spark's log goes to {stream_log_path}")
+    with (
+        start_local_kafka(topics=cfg.topics.all(), partitions=cfg.kafka.partitions, log_dir=root) as kafka,
+        stderr_to(stream_log_path) as stream_log,
+    ):
         cfg = demo_config(cfg, root, kafka.bootstrap)
         spark = spark_session(cfg)  # before the simulator starts, so the outage is seen live
         sim = Simulation(scenario, epoch_ms=int(time.time() * 1000))
@@ -118,7 +149,6 @@ def run_demo(
         started = time.monotonic()
         sim_thread.start()
         publisher.start()
-        stream_log = io.StringIO()
         last_refresh = [0.0]
 
         def header() -> str:
@@ -133,7 +163,11 @@ def run_demo(
                 f"publisher cycles: {len(publisher.cycles)}"
             )
 
-        live = Live(console=console, refresh_per_second=1, transient=False) if console.is_terminal else None
+        live = (
+            Live(console=console, refresh_per_second=1, transient=False, redirect_stderr=False)
+            if console.is_terminal
+            else None
+        )
 
         def tick() -> None:
             if time.monotonic() - last_refresh[0] < cfg.demo.refresh_s:
@@ -170,9 +204,8 @@ def run_demo(
                 console.print("demo: the stream wrote no fault rows, so no publisher cycle ran")
         except Exception as exc:  # noqa: BLE001 - reported, not fatal for the demo
             console.print(f"demo: final publisher cycle failed: {exc}")
-    (root / "stream.log").write_text(stream_log.getvalue(), encoding="utf-8")
     if code != 0:
-        console.print(stream_log.getvalue()[-3000:])
+        console.print(_tail(stream_log_path), markup=False, highlight=False)
     snap = take_snapshot(cfg.storage.root)
     report = write_report(cfg.storage.root, out=root / "faultwatch-report.html")
     summary = summary_lines(snap)

@@ -24,6 +24,10 @@ def test_demo_for_60_seconds_shows_an_episode_and_a_lagging_group(tmp_path: Path
     # Publisher cycles wait for the stream's first fault rows: none meets empty inputs at the start.
     assert "rejected by the gate" not in result.stderr + out
     assert "great_expectations" not in result.stderr + out  # its INFO chatter stays out
+    # Spark's and the JVM's log go to the stream log, not to the screen the live view uses.
+    stream_log = (tmp_path / "data" / "demo" / "stream.log").read_text(encoding="utf-8")
+    assert "log4j" in stream_log and "faultwatch stream:" in stream_log
+    assert "log4j" not in result.stderr + out and " WARN " not in result.stderr
     summary = out[out.index("demo summary:"):]
     episodes = int(re.search(r"fault episodes: (\d+)", summary).group(1))  # type: ignore[union-attr]
     lagging = int(re.search(r"lagging consumer groups: (\d+)", summary).group(1))  # type: ignore[union-attr]
