@@ -327,12 +327,19 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
 
 def write_routed(
     df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None,
-    collect: bool = False,
+    collect: bool = False, layout: int | None = None,
 ) -> DataStreamWriter:
-    """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing)."""
+    """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing).
+
+    ``layout``: the version of the query's state layout, kept in its checkpoint; a checkpoint of
+    another layout is refused (see :func:`check_layout`).
+    """
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
     check_checkpoint_matches(cfg.storage.root, tables, checkpoint, app_id(cfg, name))
+    check_other_writers(cfg, name, tables)
+    if layout is not None:
+        check_layout(checkpoint, name, layout)
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
@@ -362,6 +369,55 @@ def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, 
                 f"{done + 1} batches as replays. Restore the old checkpoint, or remove the tables (or "
                 "point storage.root elsewhere) to rebuild them from Kafka."
             )
+
+
+# Every query ``faultwatch stream`` can run (streaming.job.CONCERNS; a test keeps them equal).
+QUERIES = ("combined", "bronze_faults", "bronze", "faults", "lag")
+LAYOUT_FILE = "faultwatch-layout.json"
+
+
+def check_other_writers(cfg: Config, name: str, tables: Sequence[str]) -> None:
+    """Refuse to write tables that another of faultwatch's queries has written (quarantine aside).
+
+    That query's rows are there already, and this query would add its own from the start of
+    Kafka: e.g. the default query of this version over tables of the two queries of an older one.
+    """
+    from deltalake import DeltaTable
+
+    for table_name in tables:
+        if table_name == "quarantine":  # every query writes its own stage's rejects there
+            continue
+        dt = DeltaTable(str(Path(cfg.storage.root) / table_name))
+        for other in QUERIES:
+            if other != name and dt.transaction_version(app_id(cfg, other)) is not None:
+                raise ConfigError(
+                    f"table {table_name} under storage.root holds micro-batches of query {other!r}, and "
+                    f"query {name!r} would write its rows again from the start of Kafka. Run "
+                    f"`faultwatch stream --only {other}` as before, or remove the tables and checkpoints "
+                    "(or point storage.root and storage.checkpoint_root elsewhere) to rebuild them "
+                    f"with {name!r}."
+                )
+
+
+def check_layout(checkpoint: str, name: str, layout: int) -> None:
+    """Refuse a checkpoint whose state layout is not ``layout``; mark a new checkpoint with it.
+
+    Spark cannot tell that the same columns now hold another shape of state (e.g. keyed per
+    cluster instead of one key for all), so the layout is written next to Spark's own files.
+    """
+    marker = Path(checkpoint) / LAYOUT_FILE
+    if (Path(checkpoint) / "metadata").exists():
+        found = json.loads(marker.read_text()) if marker.exists() else {"layout": 0}
+        if found.get("layout") != layout:
+            raise ConfigError(
+                f"checkpoint {checkpoint} holds query {name!r}'s state in layout {found.get('layout')}, "
+                f"and this version of faultwatch keeps it in layout {layout}. Remove the checkpoint and "
+                "the tables it wrote (or point storage.root and storage.checkpoint_root elsewhere) to "
+                "rebuild them from Kafka, or finish with the faultwatch version that wrote it."
+            )
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"query": name, "layout": layout}))
 
 
 def app_id(cfg: Config, name: str) -> str:

@@ -28,24 +28,25 @@ log = logging.getLogger(__name__)
 
 # concern -> (module, function building its unstarted writer from (spark, cfg)).
 CONCERNS: dict[str, tuple[str, str]] = {
-    "bronze_faults": ("streaming.faults_query", "build_bronze_faults"),
+    "combined": ("streaming.combined_query", "build_combined"),
+    "bronze_faults": ("streaming.combined_query", "build_bronze_faults"),
     "lag": ("streaming.lag_query", "build_lag"),
     "bronze": ("streaming.bronze", "build_bronze"),
     "faults": ("streaming.faults_query", "build_faults"),
 }
-# What runs without --only. ``bronze_faults`` writes the bronze tables and the fault tables from ONE
-# Kafka read (see streaming/faults_query.py); ``bronze`` and ``faults`` are the same work split in
-# two queries that each read Kafka, kept for bronze-only runs (bench/ingest.py) and comparisons.
-# Running ``bronze_faults`` together with ``bronze`` or ``faults`` would write the same tables twice.
-DEFAULT_CONCERNS = ("bronze_faults", "lag")
-OVERLAPPING = {"bronze_faults": ("bronze", "faults")}
+# What runs without --only: ``combined`` writes the bronze, fault and lag tables from ONE Kafka read
+# (see streaming/combined_query.py). The others run parts of it alone: ``bronze_faults`` without
+# lag; ``bronze``, ``faults`` and ``lag`` as queries that each read Kafka (bench/ingest.py runs
+# ``bronze``). Two queries that write the same tables cannot run together.
+DEFAULT_CONCERNS = ("combined",)
+OVERLAPPING = {"combined": ("bronze_faults", "bronze", "faults", "lag"), "bronze_faults": ("bronze", "faults")}
 
 
-# The fault state is one group (see streaming/faults_query.py), so its stateful operator needs one
-# shuffle partition; with the default four, three empty tasks (a state store and a Python worker
-# each) cost ~0.25 s per micro-batch on 2 cores. Spark keeps the count in the checkpoint, so this
-# applies to new checkpoints only; older ones keep theirs.
-STATE_PARTITIONS = {"bronze_faults": 1, "faults": 1}
+# The ``faults`` query keeps every cluster under one key (see streaming/faults_query.py), so its
+# stateful operator needs one shuffle partition; with the default four, three empty tasks (a state
+# store and a Python worker each) cost ~0.25 s per micro-batch on 2 cores. Spark keeps the count in
+# the checkpoint, so this applies to new checkpoints only; older ones keep theirs.
+STATE_PARTITIONS = {"faults": 1}
 
 
 def start_query(spark: SparkSession, name: str, writer: DataStreamWriter, **trigger: Any) -> StreamingQuery:
@@ -160,7 +161,9 @@ def _offsets(raw: Any) -> dict[str, int] | None:
     if raw is None:
         return None
     obj = json.loads(raw) if isinstance(raw, str) else raw
-    return {str(k): int(v) for k, v in obj.items()} if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    return {str(k): int(v) for k, v in obj.items() if not str(k).startswith("_")}  # "_": not a partition
 
 
 def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO) -> None:

@@ -65,6 +65,7 @@ class TopicPartitionRange(InputPartition):
     kind: str
     start: int
     end: int
+    settle_ms: int = 0  # the micro-batch's event-time settle point (see ``settle_point``)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,56 @@ def _key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
 
+# Offset entries that are not Kafka partitions start with this (see ``settle_point``).
+META = "_"
+SETTLE = "_settle_ms"
+
+
+def partition_offsets(offsets: dict) -> dict:
+    """The Kafka partitions of an offset dict, without its meta entries."""
+    return {k: v for k, v in offsets.items() if not k.startswith(META)}
+
+
+def settle_point(
+    start: dict, end: dict, latest: dict, ts_at: Callable[[list[tuple[str, int, bool]]], dict],
+    delay_ms: int, ceiling_ms: int,
+) -> int:
+    """The event time up to which the micro-batch ``start -> end`` settles windows, minutes and grid points.
+
+    Each partition is read in event-time order (roughly: producers' clocks and jitter), but a
+    backlog is cut into micro-batches by offsets, so after a batch the partitions stand at
+    different event times. The settle point follows the slowest partition that still has records
+    to read: the event time of its next unread record minus ``delay_ms``. Only when every
+    partition is read to ``latest`` does it follow the newest record read, as a plain watermark
+    would. So an event is late (at or before the previous batch's settle point) only if it is
+    older than ``delay_ms`` at its own partition's pace, however the backlog was cut. Never
+    decreases; never passes ``ceiling_ms`` (the batch time plus the allowed clock skew, minus the
+    delay), so one producer clock far ahead cannot settle the future.
+    ``ts_at([(key, offset, exact)])`` gives the event time of the record at ``offset`` (``exact``),
+    or of the first record at or after it with a readable time; ``None`` when there is none.
+    """
+    previous = int(start.get(SETTLE, 0))
+    behind, caught_up = [], []
+    for key, stop in partition_offsets(end).items():
+        begin = int(start.get(key, 0))
+        if stop < int(latest.get(key, stop)):
+            behind.append((key, int(stop), False))  # its next unread record
+        elif stop > begin:
+            caught_up.append((key, int(stop) - 1, True))  # the last record this batch reads
+    times = ts_at(behind + caught_up)
+    if behind:
+        slowest = [times.get((k, o)) for k, o, _ in behind]
+        if any(t is None for t in slowest):  # a partition's position is unknown: do not move
+            return previous
+        point = min(int(t) for t in slowest if t is not None) - delay_ms
+    else:
+        newest = [int(t) for t in (times.get((k, o)) for k, o, _ in caught_up) if t is not None]
+        if not newest:
+            return previous
+        point = max(newest) - delay_ms
+    return max(previous, min(point, ceiling_ms))
+
+
 def _split_key(key: str) -> tuple[str, int]:
     topic, _, part = key.rpartition("/")
     return topic, int(part)
@@ -114,6 +165,8 @@ class KafkaEventSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> Any:  # a StructType
+        if self.options.get("feeds"):
+            return KEYED_CHUNK_SCHEMA
         if self.options.get("chunked") == "true":
             return CHUNK_SCHEMA
         kinds = list(json.loads(self.options["topics"]).values())
@@ -165,6 +218,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None  # availableNow: never read past this
         self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
         self._missing_warned: set[str] = set()
+        # With ``event_time``, every offset also carries the batch's settle point (``SETTLE``).
+        self.event_time = options.get("event_time") == "true"
+        self.delay_ms = int(options.get("watermark_delay_ms", "30000"))
+        self.skew_ms = int(options.get("future_skew_ms", "300000"))
 
     # -- driver side -------------------------------------------------------------------------
     def _driver_consumer(self) -> Any:
@@ -233,12 +290,49 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # asking Kafka again (two fetch rounds, ~0.3 s per micro-batch here) cannot lower them. (A
         # topic deleted and re-created during a --once run is not handled, here or elsewhere.)
         ends = self._end_offsets() if self._target is None else self._target
-        end = dict(start)
+        parts = partition_offsets(start)
+        end = dict(parts)
         for k, v in ends.items():
-            end[k] = max(v, start.get(k, 0))
+            end[k] = max(v, parts.get(k, 0))
         if isinstance(limit, ReadMaxRows):
-            end = _cap_rows(start, end, int(limit.max_rows))
+            end = _cap_rows(parts, end, int(limit.max_rows))
+        if end == parts:
+            return start  # nothing new: the same offset, so Spark runs no batch
+        if self.event_time:
+            ceiling = int(time.time() * 1000) + self.skew_ms - self.delay_ms
+            end[SETTLE] = settle_point(start, end, ends, self._event_times, self.delay_ms, ceiling)
         return end
+
+    def _event_times(self, wanted: list[tuple[str, int, bool]]) -> dict:
+        """{(key, offset): ts_ms or None} for ``settle_point``: one fetch round for all partitions."""
+        from kafka import TopicPartition
+
+        if not wanted:
+            return {}
+        consumer = self._driver_consumer()
+        tps = {key: TopicPartition(*_split_key(key)) for key, _, _ in wanted}
+        consumer.assign(list(tps.values()))
+        todo = {}
+        for key, offset, exact in wanted:
+            consumer.seek(tps[key], offset)
+            todo[tps[key]] = (key, offset, exact)
+        found: dict = {}
+        deadline = time.monotonic() + float(self.options.get("connect_timeout_s", "30"))
+        while todo and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=100, max_records=1000).items():
+                if tp not in todo:
+                    continue
+                key, offset, exact = todo[tp]
+                for rec in records:
+                    ts = event_ts(rec.value)
+                    if exact or ts is not None:
+                        found[(key, offset)] = ts if (not exact or rec.offset == offset) else None
+                        del todo[tp]
+                        break
+                if tp in todo and consumer.position(tp) >= self._ends.get(key, 0) > 0:
+                    found[(key, offset)] = None  # no readable event time up to the end
+                    del todo[tp]
+        return found
 
     def reportLatestOffset(self) -> dict | None:
         return self._ends or None
@@ -248,13 +342,14 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``split_rows`` records: keys (broker names) hash unevenly, and one long task would keep
         the other cores idle while it runs."""
         split = int(self.options.get("split_rows", "0"))
+        settle = int(end.get(SETTLE, 0))
         out = []
-        for key, stop in sorted(end.items()):
+        for key, stop in sorted(partition_offsets(end).items()):
             begin = int(start.get(key, 0))
             if stop > begin:
                 topic, part = _split_key(key)
                 for lo, hi in split_range(begin, int(stop), split):
-                    out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi))
+                    out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle))
         return pack_ranges(out, int(self.options.get("pack_rows", "0")))
 
     def commit(self, end: dict) -> None:
@@ -300,11 +395,14 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         feed = set(json.loads(self.options.get("feed_tables", "[]")))
         slim = _feed_shape(json.loads(self.options.get("feed_columns", "null")),
                            set(json.loads(self.options.get("feed_dictionary", "[]"))))
+        keyed = _keyed_feed(self.options)
         tag = self.options.get("write_tag", "")
         files: list[dict[str, Any]] = []
         records_read = 0
+        settle = 0
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
+            settle = max(settle, part.settle_ms)
             decoder = BatchDecoder(
                 part.kind, tables=tables, max_event_bytes=int(self.options.get("max_event_bytes", "65536"))
             )
@@ -314,6 +412,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 split = by_table(decoder.decode(part.topic, part.partition, records))
                 for name, rows in split.items():
                     parts.setdefault(name, []).append(rows)
+                if keyed is not None:
+                    pieces = keyed({name: pa.Table.from_batches([rows]) for name, rows in split.items()})
+                    if pieces:
+                        yield _keyed_chunks(pieces, part.settle_ms)
+                    continue
                 fed = {name: slim(rows) for name, rows in split.items() if name in feed}
                 if fed:
                     yield _chunks_of(fed)
@@ -322,10 +425,60 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 rows = pa.Table.from_batches(batches)
                 written = write_table_files(root, name, rows, lambda i, stem=stem: f"{stem}-{i}", keep_existing=True)
                 files.extend(dataclasses.asdict(f) for f in written)
-        yield pa.RecordBatch.from_pydict(
-            {"_table": [WRITTEN], "rows": [records_read], "arrow": [json.dumps(files).encode()]},
-            schema=_chunk_arrow_schema(),
-        )
+        listing = {"_table": [WRITTEN], "rows": [records_read], "arrow": [json.dumps(files).encode()]}
+        if keyed is not None:
+            from streaming.feeds import WRITTEN_KEY
+
+            listing = {"_key": [WRITTEN_KEY], **listing, SETTLE: [settle]}
+            yield pa.RecordBatch.from_pydict(listing, schema=_keyed_arrow_schema())
+            return
+        yield pa.RecordBatch.from_pydict(listing, schema=_chunk_arrow_schema())
+
+
+def _keyed_feed(options: dict[str, str]) -> Callable[[dict[str, Any]], list[tuple[str, str, Any]]] | None:
+    """With option ``feeds`` (concern names), the function cutting a fetch's tables into keyed pieces."""
+    names = json.loads(options.get("feeds", "[]"))
+    if not names:
+        return None
+    from streaming.feeds import fault_feed, lag_feed
+
+    columns = json.loads(options.get("feed_columns", "null"))
+    shards = int(options.get("lag_shards", "1"))
+
+    def cut(tables: dict[str, Any]) -> list[tuple[str, str, Any]]:
+        out: list[tuple[str, str, Any]] = []
+        if "faults" in names and "send_results" in tables:
+            out += fault_feed(tables["send_results"], columns)
+        if "lag" in names:
+            out += lag_feed(tables, shards)
+        return out
+
+    return cut
+
+
+def _keyed_chunks(pieces: list[tuple[str, str, Any]], settle_ms: int) -> Any:
+    import pyarrow as pa
+
+    keys, names, counts, payloads = [], [], [], []
+    for key, name, rows in pieces:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        keys.append(key)
+        names.append(name)
+        counts.append(rows.num_rows)
+        payloads.append(sink.getvalue().to_pybytes())
+    return pa.RecordBatch.from_pydict(
+        {"_key": keys, "_table": names, "rows": counts, "arrow": payloads, SETTLE: [settle_ms] * len(keys)},
+        schema=_keyed_arrow_schema(),
+    )
+
+
+def _keyed_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("_key", pa.string()), ("_table", pa.string()), ("rows", pa.int64()),
+                      ("arrow", pa.binary()), (SETTLE, pa.int64())])
 
 
 # Bronze never needs Spark to look inside an event, so it can carry events as Arrow IPC chunks: one
@@ -333,6 +486,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # machine, the JVM's per-cell conversions of the 39-column routed rows cost ~5x the Kafka read;
 # with chunks Spark still owns offsets, checkpoints and the exactly-once commits.
 CHUNK_SCHEMA = "_table string, rows long, arrow binary"
+# With keyed feeds (option ``feeds``), each chunk also names the state key it belongs to and the
+# micro-batch's settle point (see ``settle_point``).
+KEYED_CHUNK_SCHEMA = f"_key string, {CHUNK_SCHEMA}, {SETTLE} long"
 
 
 def _feed_shape(columns: list[str] | None, dictionary: set[str]) -> Callable[[Any], Any]:
@@ -402,6 +558,19 @@ def split_range(begin: int, end: int, max_rows: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+def event_ts(value: bytes | None) -> int | None:
+    """An event's ``ts_ms`` if the record holds a JSON object with a plausible one, else None."""
+    import orjson
+
+    from schemas.fields import MAX_TS_MS, MIN_TS_MS
+
+    try:
+        ts = orjson.loads(value).get("ts_ms") if value else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) and MIN_TS_MS <= ts < MAX_TS_MS else None
+
+
 def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
     """Admit at most ``max_rows`` records, shared in proportion to each partition's backlog."""
     backlog = {k: end[k] - start.get(k, 0) for k in end if end[k] > start.get(k, 0)}
@@ -467,13 +636,17 @@ def read_events(
     feed_tables: Sequence[str] = (),
     feed_columns: Sequence[str] | None = None,
     feed_dictionary: Sequence[str] = (),
+    feeds: Sequence[str] = (),
 ) -> DataFrame:
     """A streaming DataFrame of decoded events of ``kinds``: routed rows (see module docstring), or
-    with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`)."""
-    register(spark)
+    with ``chunked`` one row per Arrow IPC chunk of a table's rows (for :mod:`streaming.bronze`).
+
+    With ``feeds`` (write mode only: concerns among ``faults`` and ``lag``), the rows are keyed
+    chunks (``KEYED_CHUNK_SCHEMA``) and every offset carries the batch's settle point.
+    """
     topics = {cfg.topics.event_topics()[k]: k for k in kinds}
     reader = (
-        spark.readStream.format(SOURCE_NAME)
+        spark.readStream.format(register(spark, name))
         .option("topics", json.dumps(topics))
         .option("max_rows", str(cfg.stream.max_events_per_batch))
         .option("max_event_bytes", str(cfg.stream.max_event_bytes))
@@ -492,13 +665,32 @@ def read_events(
             .option("feed_columns", json.dumps(None if feed_columns is None else list(feed_columns)))
             .option("feed_dictionary", json.dumps(list(feed_dictionary)))
         )
+    if feeds:
+        reader = (
+            reader.option("feeds", json.dumps(list(feeds)))
+            .option("lag_shards", str(cfg.lag.shards))
+            .option("event_time", "true")
+            .option("watermark_delay_ms", str(int(cfg.stream.watermark_delay_s * 1000)))
+            .option("future_skew_ms", str(int(cfg.faults.max_future_skew_s * 1000)))
+        )
     return reader.load()
 
 
-_REGISTERED: set[int] = set()
+_REGISTERED: dict[tuple[int, str], str] = {}
 
 
-def register(spark: SparkSession) -> None:
-    if id(spark) not in _REGISTERED:
-        spark.dataSource.register(KafkaEventSource)
-        _REGISTERED.add(id(spark))
+def register(spark: SparkSession, query: str) -> str:
+    """Register the source for one query under a name of its own, and return that name.
+
+    Spark keeps one Python function per registered source, and starting a query updates that
+    function's environment in place; two queries starting together on one registration could
+    race while Spark serialises their first tasks. A registration per query shares nothing.
+    """
+    key = (id(spark), query)
+    if key not in _REGISTERED:
+        name = f"{SOURCE_NAME}_{''.join(c if c.isalnum() else '_' for c in query)}"
+        source = type(f"KafkaEventSource_{len(_REGISTERED)}", (KafkaEventSource,),
+                      {"name": classmethod(lambda cls, n=name: n), "__module__": __name__})
+        spark.dataSource.register(source)
+        _REGISTERED[key] = name
+    return _REGISTERED[key]

@@ -57,22 +57,24 @@ def produce(cfg: Config, evs: list[Any]) -> None:
     producer.close()
 
 
-def run_once(spark: Any, cfg: Config) -> str:
+def run_once(spark: Any, cfg: Config, concern: str) -> str:
     from streaming.job import run_stream
 
     out = io.StringIO()
-    assert run_stream(cfg, once=True, concerns=["lag"], spark=spark, out=out) == 0, out.getvalue()
+    assert run_stream(cfg, once=True, concerns=[concern], spark=spark, out=out) == 0, out.getvalue()
     return out.getvalue()
 
 
-def test_stopped_and_slow_consumers_reach_stop_and_warn_on_time(spark: Any, kafka: Any, cfg: Config) -> None:
-    cfg = unique_topics(cfg, kafka, "lag-e2e").replace(
+@pytest.mark.parametrize("concern", ["lag", "combined"])
+def test_stopped_and_slow_consumers_reach_stop_and_warn_on_time(spark: Any, kafka: Any, cfg: Config,
+                                                                concern: str) -> None:
+    cfg = unique_topics(cfg, kafka, f"lag-e2e-{concern}").replace(
         lag=LagConfig(window_commits=4, min_commits=3, caught_up_grace_ms=10_000)
     )
     for phase in ([1, 2, 3, 4], [5, 6, 7], [8, 9]):
         produce(cfg, [ev for k in phase for ev in events(k)])
-        log = run_once(spark, cfg)
-        assert "[lag] batch" in log
+        log = run_once(spark, cfg, concern)
+        assert f"[{concern}] batch" in log
 
     groups = read_table(cfg.storage.root, "group_status").to_pylist()
     got = sorted(

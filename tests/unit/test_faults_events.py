@@ -75,7 +75,8 @@ def test_arrow_input_with_dictionary_encoded_strings_gives_the_same_columns() ->
     import pyarrow.compute as pc
 
     from pipeline.faults.events import EVENT_COLUMNS, from_arrow_table
-    from streaming.faults_query import _EVENT_SCHEMA, FEED_DICTIONARY
+    from streaming.faults_query import _EVENT_SCHEMA
+    from streaming.feeds import FAULT_DICTIONARY as FEED_DICTIONARY
 
     events = random_stream(5, producers=6, brokers=3, events=400, span_ms=60_000)
     cols = from_send_results(events)

@@ -7,15 +7,23 @@ import pytest
 from streaming.job import DEFAULT_CONCERNS, _state_text, backlog_of, resolve_concerns
 
 
-def test_default_is_the_combined_bronze_and_faults_query_plus_lag() -> None:
-    assert resolve_concerns(None) == list(DEFAULT_CONCERNS) == ["bronze_faults", "lag"]
+def test_default_is_the_one_combined_query() -> None:
+    assert resolve_concerns(None) == list(DEFAULT_CONCERNS) == ["combined"]
+
+
+def test_every_query_is_known_to_the_sink() -> None:
+    from streaming.delta_sink import QUERIES
+    from streaming.job import CONCERNS
+
+    assert sorted(QUERIES) == sorted(CONCERNS)
 
 
 def test_repeated_concerns_run_once() -> None:
     assert resolve_concerns(["lag", "bronze", "lag"]) == ["lag", "bronze"]
 
 
-@pytest.mark.parametrize("mix", [["bronze_faults", "bronze"], ["faults", "bronze_faults"]])
+@pytest.mark.parametrize("mix", [["bronze_faults", "bronze"], ["faults", "bronze_faults"], ["combined", "lag"],
+                                 ["bronze", "combined"]])
 def test_the_combined_query_refuses_its_parts(mix: list[str]) -> None:
     with pytest.raises(ValueError, match="already writes"):
         resolve_concerns(mix)
@@ -37,6 +45,8 @@ def test_state_size_is_printed_for_stateful_queries_only() -> None:
 def test_backlog_sums_what_is_left_per_partition() -> None:
     source = {"latestOffset": '{"t:0": 10, "t:1": 5}', "endOffset": {"t:0": 4, "t:1": 5}}
     assert backlog_of(source) == 6
+    settled = {"latestOffset": '{"t:0": 10, "_settle_ms": 99}', "endOffset": {"t:0": 4, "_settle_ms": 7}}
+    assert backlog_of(settled) == 6  # an offset's meta entries are not partitions
     assert backlog_of({"latestOffset": None, "endOffset": "{}"}) is None
 
 

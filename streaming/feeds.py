@@ -1,0 +1,122 @@
+"""What the Kafka reader tasks hand to the stateful step: each fetch's rows, cut by state key.
+
+The combined query's stateful operator is keyed by the concern and the part of the data its rules
+need together: the fault state per (cluster, broker), the lag state per (cluster, shard). The
+readers have the decoded events in Arrow already, so they cut them by key themselves and Spark
+only shuffles small Arrow IPC chunks (one per key and fetch) to the tasks that own the keys.
+
+A key is a string: the concern's letter and the key's parts joined by :data:`SEP`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SEP = "\x1f"
+FAULTS, LAG, PASS = "f", "l", "_"
+WRITTEN_KEY = PASS + SEP + "written"
+
+# The send-result columns with few distinct values per chunk: sent dictionary-encoded.
+FAULT_DICTIONARY = ("cluster", "producer_group", "client_id", "client_version", "topic", "broker_name",
+                    "status", "error", "kafka_topic")
+# What the lag step reads of each bronze table (see pipeline.lag.events.COLUMNS).
+LAG_COLUMNS = {
+    "send_results": ("ts_ms", "cluster", "topic", "broker_name", "queue_id", "queue_offset", "status",
+                     "kafka_topic", "kafka_partition", "kafka_offset", "kafka_ts_ms"),
+    "consumer_progress": ("ts_ms", "cluster", "consumer_group", "topic", "broker_name", "queue_id",
+                          "consumer_offset", "broker_offset", "client_id", "last_timestamp_ms",
+                          "kafka_topic", "kafka_partition", "kafka_offset", "kafka_ts_ms"),
+    "group_membership": ("ts_ms", "cluster", "consumer_group", "topic", "client_ids", "strategy",
+                         "kafka_topic", "kafka_partition", "kafka_offset", "kafka_ts_ms"),
+}
+LAG_DICTIONARY = ("cluster", "topic", "broker_name", "status", "consumer_group", "client_id", "kafka_topic",
+                  "strategy")
+
+
+def key_of(concern: str, *parts: object) -> str:
+    return SEP.join([concern, *(str(p) for p in parts)])
+
+
+def parts_of(key: str) -> list[str]:
+    return key.split(SEP)
+
+
+def split_by(rows: pa.Table, columns: Sequence[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
+    """``rows`` cut into runs of equal values of ``columns`` (strings), in sorted order of them."""
+    if rows.num_rows == 0:
+        return []
+    codes = np.zeros(rows.num_rows, dtype=np.int64)
+    dictionaries = []
+    for name in columns:
+        enc = pc.dictionary_encode(rows.column(name)).combine_chunks()
+        size = len(enc.dictionary)
+        # sort the dictionary so that keys come out in a stable order, whatever the rows' order
+        rank = np.argsort(np.argsort(np.asarray(enc.dictionary.to_pylist(), dtype=object)))
+        codes = codes * (size + 1) + rank[enc.indices.to_numpy(zero_copy_only=False)]
+        dictionaries.append(sorted(enc.dictionary.to_pylist()))
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+    taken = rows.take(pa.array(order))
+    out = []
+    for lo, hi in zip(np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [len(order)]]).tolist()):
+        part = taken.slice(lo, hi - lo)
+        values = tuple(str(part.column(name)[0].as_py()) for name in columns)
+        out.append((values, part))
+    return out
+
+
+def encode_dictionary(rows: pa.Table, names: Sequence[str]) -> pa.Table:
+    arrays = [pc.dictionary_encode(rows.column(i)) if name in names else rows.column(i)
+              for i, name in enumerate(rows.schema.names)]
+    return pa.Table.from_arrays(arrays, names=rows.schema.names)
+
+
+def fault_feed(send_results: pa.Table, columns: Sequence[str]) -> list[tuple[str, str, pa.Table]]:
+    """(key, table, rows) per cluster: the fault step's columns of the send results."""
+    out = []
+    for (cluster,), part in split_by(send_results, ("cluster",)):
+        out.append((key_of(FAULTS, cluster), "send_results",
+                    encode_dictionary(part.select(list(columns)), FAULT_DICTIONARY)))
+    return out
+
+
+def lag_shard(groups: pa.Array, shards: int) -> np.ndarray:
+    """The lag shard of each consumer group (CRC-32 of its name, stable across processes)."""
+    if shards <= 1:
+        return np.zeros(len(groups), dtype=np.int64)
+    return np.asarray([zlib.crc32(str(g).encode()) % shards for g in groups.to_pylist()], dtype=np.int64)
+
+
+def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, pa.Table]]:
+    """(key, table, rows) per (cluster, shard) of what the lag step reads; send results go to
+    every shard of their cluster (they are shared by every group consuming the topic)."""
+    out = []
+    for name in sorted(tables):
+        if name not in LAG_COLUMNS:
+            continue
+        rows = tables[name].select(list(LAG_COLUMNS[name]))
+        if name == "send_results" or shards <= 1:
+            for (cluster,), part in split_by(rows, ("cluster",)):
+                slim = encode_dictionary(part, LAG_DICTIONARY)
+                out += [(key_of(LAG, cluster, s), name, slim) for s in range(max(1, shards))]
+            continue
+        shard = pa.array(lag_shard(rows.column("consumer_group"), shards).astype(str))
+        for (cluster, s), part in split_by(rows.append_column("_shard", shard), ("cluster", "_shard")):
+            out.append((key_of(LAG, cluster, s), name, encode_dictionary(part.drop_columns(["_shard"]),
+                                                                          LAG_DICTIONARY)))
+    return out
+
+
+def plain(rows: pa.Table) -> pa.Table:
+    """Dictionary columns decoded back to their value type (what the pure steps expect)."""
+    if not any(pa.types.is_dictionary(f.type) for f in rows.schema):
+        return rows
+    arrays = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c
+              for c in (col.combine_chunks() for col in rows.columns)]
+    return pa.Table.from_arrays(arrays, names=rows.schema.names)
