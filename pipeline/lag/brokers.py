@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.lag.model import UNKNOWN
 from pipeline.lag.offsets import segmented_cummax
+from pipeline.lag.table import unique_ints
 
 I64 = np.int64
 
@@ -68,15 +69,14 @@ class BrokerSamples:
         """Add max-offset observations (queue row, event time, offset), in any order."""
         if len(rows) == 0:
             return self
-        touched = np.unique(rows)
+        rows = np.asarray(rows, dtype=I64)
+        touched = unique_ints(rows)
         old_valid = self.slot[touched] != UNKNOWN
-        r = np.concatenate([np.repeat(touched, old_valid.sum(axis=1)), rows]).astype(I64)
+        r = np.concatenate([np.repeat(touched, old_valid.sum(axis=1)), rows])
         s = np.concatenate([self.slot[touched][old_valid], np.asarray(ts_ms, dtype=I64) // refresh_ms])
         v = np.concatenate([self.offset[touched][old_valid], np.asarray(offset, dtype=I64)])
-        order = np.lexsort((v, s, r))
-        r, s, v = r[order], s[order], v[order]
-        last = np.r_[(r[1:] != r[:-1]) | (s[1:] != s[:-1]), True]  # the highest offset per (row, slot)
-        r, s, v = r[last], s[last], segmented_cummax(r, v)[last]
+        r, s, v = _max_per_slot(r, s, v)
+        v = segmented_cummax(r, v)
         from_end = _rank_from_end(r)
         keep = from_end < self.size
         slot, out = self.slot.copy(), self.offset.copy()
@@ -85,13 +85,13 @@ class BrokerSamples:
         slot[r[keep], col], out[r[keep], col] = s[keep], v[keep]
         return BrokerSamples(slot, out)
 
-    def recent_min(self, rows: np.ndarray, now_ms: int, refresh_ms: int) -> np.ndarray:
-        """The lowest broker offset of each queue's last ``size`` slots at ``now_ms`` (UNKNOWN: none)."""
-        slot, value = self.slot[rows], self.offset[rows]
+    def recent_min(self, now_ms: int, refresh_ms: int) -> np.ndarray:
+        """Per queue, the lowest broker offset of its last ``size`` slots at ``now_ms`` (UNKNOWN: none)."""
+        slot, value = self.slot, self.offset
         first_slot = now_ms // refresh_ms - (self.size - 1)
         valid = slot != UNKNOWN
         before = valid & (slot <= first_slot)
-        n = np.arange(len(rows))
+        n = np.arange(len(self))
         newest_before = self.size - 1 - np.argmax(before[:, ::-1], axis=1)
         oldest = np.argmax(valid, axis=1)
         return np.where(
@@ -99,6 +99,19 @@ class BrokerSamples:
             value[n, newest_before],
             np.where(valid.any(axis=1), value[n, oldest], UNKNOWN),
         ).astype(I64)
+
+
+def _max_per_slot(r: np.ndarray, s: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The highest offset per (row, slot), sorted by row then slot (one sort of a combined key)."""
+    low = int(s.min())
+    span = int(s.max()) - low + 1
+    if (int(r.max()) + 1) * span < 2**62:
+        order = np.argsort(r * span + (s - low), kind="stable")
+    else:  # slots spread over centuries: fall back to sorting by both keys
+        order = np.lexsort((s, r))
+    r, s, v = r[order], s[order], v[order]
+    starts = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (s[1:] != s[:-1])])
+    return r[starts], s[starts], np.maximum.reduceat(v, starts)
 
 
 def _rank_from_end(groups: np.ndarray) -> np.ndarray:

@@ -70,7 +70,7 @@ def evaluate_pairs(state: LagState, now_ms: int, cfg: LagConfig) -> PairView:
     lag = np.where(known, np.maximum(max_offset - offset, 0), UNKNOWN)
     clamped = known & (offset > max_offset)
     time_lag, method = time_lags(state.index, qkeys, offset, max_offset, now_ms)
-    broker_min = state.brokers.recent_min(rows, now_ms, cfg.broker_offset_refresh_ms)
+    broker_min = state.brokers.recent_min(now_ms, cfg.broker_offset_refresh_ms)[rows]
     status = evaluate(state.windows, lag, now_ms, broker_min, RuleParams.of(cfg))
     return PairView(
         kind=kind,

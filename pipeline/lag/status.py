@@ -95,6 +95,14 @@ def offsets_rewind(w: Windows) -> np.ndarray:
 def rewind_recovered(w: Windows, rewind: np.ndarray) -> np.ndarray:
     """Rule 2, part 2 (``checkIfRewindRecovered``): a commit from the rewind on is back at or above
     the offset committed just before it."""
+    out = np.zeros(len(w), dtype=bool)
+    some = np.flatnonzero(rewind > 0)
+    if len(some):
+        out[some] = _recovered(w.take(some), rewind[some])
+    return out
+
+
+def _recovered(w: Windows, rewind: np.ndarray) -> np.ndarray:
     rows = np.arange(len(w))
     col = np.clip(w.size - w.count + rewind, 1, max(w.size - 1, 1))
     before = w.offset[rows, col - 1] if w.size > 1 else np.full(len(w), UNKNOWN, dtype=I64)
@@ -136,8 +144,15 @@ def _previous_known(w: Windows) -> tuple[np.ndarray, np.ndarray]:
 
 def lag_not_decreasing(w: Windows) -> np.ndarray:
     """Rule 5 (``checkIfLagNotDecreasing``): no known lag is below the previous known one."""
-    has_prev, prev_lag = _previous_known(w)
-    return ~(_known_lag(w) & has_prev & (w.lag < prev_lag)).any(axis=1)
+    valid = w.valid()
+    gaps = (valid & (w.lag == UNKNOWN)).any(axis=1)
+    pairs = valid[:, 1:] & valid[:, :-1]
+    out = ~(pairs & (w.lag[:, 1:] < w.lag[:, :-1])).any(axis=1)  # every lag known: neighbours
+    if gaps.any():  # unknown lags in between: compare with the previous known one
+        some = w.take(np.flatnonzero(gaps))
+        has_prev, prev_lag = _previous_known(some)
+        out[gaps] = ~(_known_lag(some) & has_prev & (some.lag < prev_lag)).any(axis=1)
+    return out
 
 
 def two_known_lags(w: Windows) -> np.ndarray:

@@ -269,15 +269,14 @@ def test_broker_samples_recent_min_is_the_offset_at_the_rings_first_slot() -> No
     b = BrokerSamples.empty(1, 3).record(
         np.array([0, 0, 0]), np.array([5_000, 15_000, 55_000]), np.array([10, 20, 30]), 10_000
     )
-    rows = np.array([0])
     # at 55 s Burrow's ring holds the polls of slots 3, 4, 5: slot 3's offset is slot 1's, 20
-    assert b.recent_min(rows, 55_000, 10_000).tolist() == [20]
+    assert b.recent_min(55_000, 10_000).tolist() == [20]
     # at 25 s the ring holds slots 0..2: the lowest is slot 0's
-    assert b.recent_min(rows, 25_000, 10_000).tolist() == [10]
-    assert BrokerSamples.empty(1, 3).recent_min(rows, 55_000, 10_000).tolist() == [U]
+    assert b.recent_min(25_000, 10_000).tolist() == [10]
+    assert BrokerSamples.empty(1, 3).recent_min(55_000, 10_000).tolist() == [U]
     # only samples after the ring's first slot: the oldest of them
     late = BrokerSamples.empty(1, 3).record(np.array([0]), np.array([52_000]), np.array([9]), 10_000)
-    assert late.recent_min(rows, 55_000, 10_000).tolist() == [9]
+    assert late.recent_min(55_000, 10_000).tolist() == [9]
 
 
 def window_rows(w: Windows) -> list[list[tuple[int, int, int]]]:
