@@ -344,6 +344,35 @@ class PublishConfig:
             raise ConfigError("publish.app_id must not be empty")
 
 
+ALERT_KINDS = ("broker_fault", "consumer_lag")
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    """Alerts with a lifecycle (fire, repeat while active, resolve): to the alerts topic and Alertmanager."""
+
+    # Alertmanager base URLs (v2 API: POST <url>/api/v2/alerts), every instance of a cluster; empty: Kafka only.
+    alertmanager_urls: tuple[str, ...] = ()
+    # Which alerts: broker_fault (an episode suspected or open), consumer_lag (a group WARN or worse, or
+    # time lag over lag.time_lag_alert_ms).
+    kinds: tuple[str, ...] = ALERT_KINDS
+    # A firing alert's record on the alerts topic repeats this often (Alertmanager gets it every cycle).
+    repeat_interval_s: float = 300.0
+    # Consumer groups: status rows this recent count; a group without one resolves.
+    group_lookback_s: float = 300.0
+    # How long one Alertmanager request may take before it counts as failed (retried next cycle).
+    timeout_s: float = 5.0
+
+    def validate(self) -> None:
+        _positive(self, "repeat_interval_s", "group_lookback_s", "timeout_s")
+        unknown = [k for k in self.kinds if k not in ALERT_KINDS]
+        if unknown:
+            raise ConfigError(f"alerts.kinds: unknown {unknown}; valid values: {list(ALERT_KINDS)}")
+        for url in self.alertmanager_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"alerts.alertmanager_urls: {url!r} is not an http(s) URL")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     scenario: str = "demo"
@@ -415,6 +444,7 @@ class Config:
     lag: LagConfig = field(default_factory=LagConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
 

@@ -34,7 +34,7 @@ AVOIDANCE_RECOMMENDATIONS = TableSpec(
     ),
 )
 
-CYCLE_STEPS = ("avoidance", "lag_alerts")
+CYCLE_STEPS = ("avoidance", "alerts", "lag_alerts")  # lag_alerts: rows of older versions
 CYCLE_STATUSES = ("published", "rejected", "sent", "skipped")
 
 PUBLISHER_CYCLES = TableSpec(
@@ -53,10 +53,13 @@ PUBLISHER_CYCLES = TableSpec(
         Field("avoided", "int32"),
         Field("kept_available", "int32"),
         Field("failed_checks", "list<string>", doc="the gate's failed expectations, empty when published"),
-        Field("alerts", "int32", doc="alerts sent on rmq.alerts by this step"),
-        Field("alerts_until_ms", "int64", nullable=True, doc="lag alerts: group_status rows up to here sent"),
+        Field("alerts", "int32", doc="records sent on rmq.alerts by this step"),
+        Field("alerts_until_ms", "int64", nullable=True, doc="unused since alerts have a lifecycle (older rows only)"),
         Field("policy_version", "string"),
-        Field("reason", "string", nullable=True, doc="why the cycle was skipped or rejected"),
+        Field(
+            "reason", "string", nullable=True,
+            doc="why the cycle was skipped or rejected; alerts: the Alertmanager instances that failed",
+        ),
     ),
 )
 

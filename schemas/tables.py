@@ -76,7 +76,7 @@ def all_tables() -> dict[str, TableSpec]:
     return dict(TABLES)
 
 
-_SILVER_MODULES = ("schemas.faults", "schemas.lag", "schemas.avoidance")
+_SILVER_MODULES = ("schemas.faults", "schemas.lag", "schemas.avoidance", "schemas.alerts")
 
 
 def _load_silver() -> None:

@@ -57,6 +57,13 @@ if [ "$target" = "test" ] && ! command -v promtool >/dev/null 2>&1; then
   apt_install prometheus || die "the serve tests need Debian's prometheus package: apt-get install prometheus"
 fi
 
+# 3c. Alertmanager for the alert lifecycle test (test set only)
+if [ "$target" = "test" ] && ! command -v prometheus-alertmanager >/dev/null 2>&1; then
+  say "installing Alertmanager (alert lifecycle test)"
+  apt_install prometheus-alertmanager \
+    || die "the alert test needs Debian's prometheus-alertmanager package: apt-get install prometheus-alertmanager"
+fi
+
 # 4. The project's virtual environment
 case "$target" in
   demo) extras="[demo]" ;;

@@ -1,4 +1,4 @@
-"""faultwatch avoidance publisher: every minute, load → recommend → validate → publish (+ lag alerts).
+"""faultwatch avoidance publisher: every minute, load → recommend → validate → publish (+ alerts).
 
 Thin on purpose (STYLE.md §11): each task calls one ``pipeline.publish`` step, and everything heavy
 (deltalake, kafka, great_expectations, the pipeline itself) is imported inside the tasks, so parsing
@@ -131,15 +131,15 @@ def faultwatch_avoidance() -> None:
         return _skip(send(cfg, CycleInput.from_jsonable(loaded), decision_from_jsonable(decision), GateResult(valid)))
 
     @task
-    def lag_alerts(loaded: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-        from pipeline.publish import CycleInput, send_lag_alerts
+    def alerts(loaded: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
+        from pipeline.publish import CycleInput, send_alerts
 
-        return _skip(send_lag_alerts(_config(params or {}), CycleInput.from_jsonable(loaded)))
+        return _skip(send_alerts(_config(params or {}), CycleInput.from_jsonable(loaded)))
 
     loaded = load()
     decision = recommend(loaded)
     publish(loaded, decision, validate(loaded, decision))
-    lag_alerts(loaded)
+    alerts(loaded)
 
 
 faultwatch_avoidance()

@@ -54,7 +54,7 @@ def _print_report(report: CycleReport) -> None:
         line += f"; avoid {', '.join(avoided) if avoided else 'nothing'}"
     if report.gate is not None and not report.gate.success:
         line += f"; {report.gate.summary()}"
-    line += f"; lag alerts sent: {report.lag_alerts}"
+    line += f"; alert records sent: {report.alerts}"
     print(line, flush=True)
 
 

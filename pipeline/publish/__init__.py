@@ -2,7 +2,8 @@
 
 Publishes each cluster's full list to Kafka (``rmq.avoidance``, key = cluster) and to a JSON file,
 records it in ``avoidance_recommendations`` and the cycle in ``publisher_cycles``, and forwards
-lag alerts from ``group_status`` to ``rmq.alerts``. Entry points: :func:`run_cycle` (CLI) and the
+alerts with a lifecycle (broker fault episodes, lagging consumer groups) to ``rmq.alerts`` and
+Alertmanager. Entry points: :func:`run_cycle` (CLI) and the
 step functions the Airflow DAG calls one per task.
 """
 
@@ -16,7 +17,7 @@ from pipeline.publish.cycle import (
     recommend,
     reject,
     run_cycle,
-    send_lag_alerts,
+    send_alerts,
     skip_cycle,
     skip_reason,
     validate,
@@ -35,7 +36,7 @@ __all__ = [
     "reject",
     "run_cycle",
     "run_gate",
-    "send_lag_alerts",
+    "send_alerts",
     "skip_cycle",
     "skip_reason",
     "validate",

@@ -1,7 +1,8 @@
-"""Alerts on ``rmq.alerts``: consumer lag (from ``group_status``) and a refused publication.
+"""Records of ``rmq.alerts`` (schemas/alert.schema.json): lifecycle alerts and a refused publication.
 
-Each alert has a stable ``alert_id`` derived from what it is about, so a consumer can drop the
-duplicate that a re-run after a crash may send.
+Every record has a stable ``alert_id`` (what it is about) and a ``status``: a lifecycle alert
+(:mod:`pipeline.publish.lifecycle`) sends ``firing`` when it starts and while it lasts, then
+``resolved``; a refused cycle sends one ``firing`` record of its own identity.
 """
 
 from __future__ import annotations
@@ -10,31 +11,27 @@ from typing import Any
 
 import orjson
 
-ALERT_SCHEMA_ID = "faultwatch.alert/1"
+from pipeline.publish.alertmanager import labels
+from pipeline.publish.lifecycle import FIRING, Alert
+from schemas.alerts import ALERT_SCHEMA_ID
 
 
-def lag_alert(row: dict[str, Any], cycle_id: str) -> tuple[str, dict[str, Any]]:
-    """(key = cluster, alert) for one ``group_status`` row with ``alert`` set."""
-    alert_id = f"lag|{row['cluster']}|{row['consumer_group']}|{row['ts_ms']}|{row['status']}"
-    return row["cluster"], {
+def lifecycle_record(alert: Alert, cycle_id: str, now_ms: int) -> tuple[str, dict[str, Any]]:
+    """(key = cluster, record) for one lifecycle alert as it stands at this cycle."""
+    return alert.cluster, {
         "schema": ALERT_SCHEMA_ID,
-        "alert_id": alert_id,
-        "kind": "consumer_lag",
-        "severity": "critical" if row["status"] in ("STOP", "STALL") else "warning",
-        "cluster": row["cluster"],
-        "ts_ms": row["ts_ms"],
+        "alert_id": alert.alert_id,
+        "status": alert.status,
+        "kind": alert.kind,
+        "severity": alert.severity,
+        "cluster": alert.cluster,
+        "ts_ms": now_ms,
+        "starts_ms": alert.starts_ms,
+        "ends_ms": alert.ends_ms,
         "cycle_id": cycle_id,
-        "summary": (
-            f"consumer group {row['consumer_group']} is {row['status']}"
-            + (f": {row['alert_reason']}" if row.get("alert_reason") else "")
-        ),
-        "details": {
-            k: row.get(k)
-            for k in (
-                "consumer_group", "status", "previous_status", "total_lag", "max_time_lag_ms", "retry_lag",
-                "dlq_lag", "worst_topic", "worst_broker", "worst_queue_id", "worst_owner", "idle_consumers", "mismatched_queues",
-            )
-        },
+        "summary": alert.summary,
+        "labels": labels(alert),
+        "details": dict(alert.details),
     }
 
 
@@ -45,6 +42,7 @@ def gate_alert(
     return "faultwatch-publisher", {
         "schema": ALERT_SCHEMA_ID,
         "alert_id": f"avoidance_gate|{cycle_id}",
+        "status": FIRING,
         "kind": "avoidance_validation_failed",
         "severity": "critical",
         "cluster": None,

@@ -1,4 +1,4 @@
-"""One publisher cycle: load → recommend → validate → publish (or reject), plus lag alerts.
+"""One publisher cycle: load → recommend → validate → publish (or reject), plus the alerts.
 
 The steps are separate functions so the Airflow DAG runs each as a task and ``faultwatch publish``
 runs them in a row (:func:`run_cycle`). Values between steps are JSON-able (XCom).
@@ -34,13 +34,13 @@ from pipeline.policy import (
     to_jsonable,
 )
 from pipeline.policy.inputs import build_snapshot, previous_state
-from pipeline.publish import alerts, sinks, wire
+from pipeline.publish import alert_state, alertmanager, alerts, lifecycle, sinks, wire
 from pipeline.publish.gate import GateResult, run_gate
 
 log = logging.getLogger(__name__)
 
 AVOIDANCE_STEP = "avoidance"
-LAG_STEP = "lag_alerts"
+ALERTS_STEP = "alerts"
 
 
 def now_ms() -> int:
@@ -65,8 +65,8 @@ def describe_cycle(cycle_number: int) -> str:
     return f"cycle {cycle_number} ({_when(cycle_number)})"
 
 
-def lag_app_id(cfg: Config) -> str:
-    return f"{cfg.publish.app_id}-lag-alerts"
+def alerts_app_id(cfg: Config) -> str:
+    return f"{cfg.publish.app_id}-alerts"
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ def validate(inp: CycleInput, decision: Decision, cfg: Config) -> GateResult:
 
 
 def _app_id(cfg: Config, step: str) -> str:
-    return cfg.publish.app_id if step == AVOIDANCE_STEP else lag_app_id(cfg)
+    return cfg.publish.app_id if step == AVOIDANCE_STEP else alerts_app_id(cfg)
 
 
-_DONE = {AVOIDANCE_STEP: "published", LAG_STEP: "sent its lag alerts"}
+_DONE = {AVOIDANCE_STEP: "published", ALERTS_STEP: "sent its alerts"}
 
 
 def _committed(cfg: Config, step: str) -> int | None:
@@ -265,31 +265,45 @@ def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -
     return result
 
 
-def _alert_watermark(cfg: Config, now: int) -> int:
-    cycles = read_table(cfg.storage.root, "publisher_cycles", filter=pc.field("step") == LAG_STEP)
-    marks = [m for m in cycles.column("alerts_until_ms").to_pylist() if m is not None]
-    return max(marks) if marks else now - int(cfg.publish.alert_lookback_s * 1000)
+def alert_conditions(cfg: Config, inp: CycleInput) -> list[lifecycle.Condition]:
+    """The enabled alert conditions that hold at this cycle: episodes from the snapshot, groups from
+    their newest ``group_status`` row within ``alerts.group_lookback_s``."""
+    kinds = cfg.alerts.kinds
+    found = lifecycle.broker_conditions(inp.snapshot.episodes) if lifecycle.BROKER_FAULT in kinds else []
+    if lifecycle.CONSUMER_GROUP in kinds:
+        since = inp.now_ms - int(cfg.alerts.group_lookback_s * 1000)
+        rows = read_table(
+            cfg.storage.root, "group_status",
+            columns=["cluster", "consumer_group", "ts_ms", "status", "alert_reason", "total_lag", "max_time_lag_ms",
+                     "retry_lag", "dlq_lag", "worst_topic", "worst_broker", "worst_queue_id", "worst_owner"],
+            filter=(pc.field("event_date") >= _date(since)) & (pc.field("ts_ms") > since)
+            & (pc.field("ts_ms") <= inp.now_ms),
+        ).to_pylist()
+        found += lifecycle.group_conditions(rows, cfg.lag.time_lag_alert_ms)
+    return found
 
 
-def send_lag_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
-    """Alert on ``group_status`` rows flagged ``alert`` since the previous cycle's watermark."""
+def send_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
+    """One cycle of the alert lifecycle: records to the alerts topic, every active alert and pending
+    resolution to Alertmanager, then the new state (Alertmanager's failures never stop the cycle)."""
     reason = "publish.publish_alerts is false" if not cfg.publish.publish_alerts else skip_reason(
-        cfg, inp.cycle_number, LAG_STEP)
+        cfg, inp.cycle_number, ALERTS_STEP)
     if reason is not None:
         return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0, "reason": reason}
-    since = _alert_watermark(cfg, inp.now_ms)
-    rows = read_table(
-        cfg.storage.root, "group_status",
-        filter=(pc.field("event_date") >= _date(since)) & (pc.field("ts_ms") > since)
-        & (pc.field("ts_ms") <= inp.now_ms) & pc.field("alert"),
-    ).to_pylist()
-    rows.sort(key=lambda r: (r["ts_ms"], r["cluster"], r["consumer_group"]))
-    records = [(k, alerts.encode_alert(a)) for k, a in (alerts.lag_alert(r, inp.cycle_id) for r in rows)]
-    sinks.send_records(cfg, cfg.topics.alerts, records)
-    until = max([r["ts_ms"] for r in rows], default=since)
-    row = cycle_row(cfg, inp, None, LAG_STEP, "sent", alerts=len(records), alerts_until_ms=until)
-    sinks.append_once(cfg.storage.root, "publisher_cycles", [row], lag_app_id(cfg), inp.cycle_number)
-    return {"cycle_id": inp.cycle_id, "status": "sent", "alerts": len(records)}
+    root, app_id = cfg.storage.root, alerts_app_id(cfg)
+    step = lifecycle.advance(
+        alert_state.load(root, app_id), alert_conditions(cfg, inp), inp.now_ms, int(cfg.alerts.repeat_interval_s * 1000)
+    )
+    records = [alerts.lifecycle_record(a, inp.cycle_id, inp.now_ms) for a in step.records]
+    sinks.send_records(cfg, cfg.topics.alerts, [(k, alerts.encode_alert(r)) for k, r in records])
+    failures = alertmanager.deliver(cfg.alerts.alertmanager_urls, step.to_alertmanager, cfg.alerts.timeout_s)
+    alert_state.save(root, app_id, lifecycle.delivered(step, not failures), inp.cycle_number)
+    firing = sum(a.firing for a in step.alerts)
+    row = cycle_row(cfg, inp, None, ALERTS_STEP, "sent", alerts=len(records),
+                    reason=("Alertmanager: " + "; ".join(failures)) if failures else None)
+    sinks.append_once(root, "publisher_cycles", [row], app_id, inp.cycle_number)
+    return {"cycle_id": inp.cycle_id, "status": "sent", "alerts": len(records), "firing": firing,
+            "alertmanager_failures": failures}
 
 
 @dataclass(frozen=True)
@@ -298,7 +312,7 @@ class CycleReport:
     status: str  # published | rejected | skipped
     gate: GateResult | None
     decision: Decision | None
-    lag_alerts: int
+    alerts: int  # records sent to the alerts topic by the alerts step
     reason: str | None = None  # why it was skipped or rejected
 
 
@@ -307,11 +321,11 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
     now = now_ms() if at_ms is None else at_ms
     number = cycle_number_for(now, cfg.publish.interval_s) if cycle_number is None else cycle_number
     inp = load_inputs(cfg, number, now)
-    lag = send_lag_alerts(cfg, inp)["alerts"]
+    sent = send_alerts(cfg, inp)["alerts"]
     reason = skip_cycle(cfg, number, now)
     if reason is not None:
-        return CycleReport(inp.cycle_id, "skipped", None, None, lag, reason)
+        return CycleReport(inp.cycle_id, "skipped", None, None, sent, reason)
     decision = recommend(inp, cfg)
     gate = validate(inp, decision, cfg)
     result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
-    return CycleReport(inp.cycle_id, result["status"], gate, decision, lag, result.get("reason"))
+    return CycleReport(inp.cycle_id, result["status"], gate, decision, sent, result.get("reason"))

@@ -96,3 +96,18 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
         raise AssertionError(f"could not read {topic} to its end")
     finally:
         consumer.close()
+
+
+def group_row(now: int, status: str, group: str = "GID_orders", **kw: Any) -> dict[str, Any]:
+    """A ``group_status`` row of cluster c1 half a minute before ``now``; ``kw`` overrides."""
+    bad = status in ("STALL", "STOP", "REWIND")
+    row = {
+        "cluster": "c1", "consumer_group": group, "ts_ms": now - 30 * S, "status": status, "previous_status": None,
+        "total_lag": 5000 if bad else 10, "max_time_lag_ms": 400_000 if bad else 1_000, "retry_lag": 0, "dlq_lag": 0,
+        "worst_topic": "orders", "worst_broker": "b2", "worst_queue_id": 1, "worst_owner": "cid-1", "queues": 8,
+        "mismatched_queues": 0, "idle_consumers": [], "alert": bad, "alert_reason": None, "event_date": day(now - 30 * S),
+        "burrow_status": "ERR" if bad else "OK", "complete": 1.0, "max_lag": 5000 if bad else 10,
+        "maxlag_topic": "orders", "maxlag_broker": "b2", "maxlag_queue_id": 1,
+    }
+    row.update(kw)
+    return row

@@ -47,6 +47,8 @@ def lag_row(now: int) -> dict[str, Any]:
         "previous_status": "OK", "total_lag": 5000, "max_time_lag_ms": 400_000, "retry_lag": 0, "dlq_lag": 0,
         "worst_topic": "orders", "worst_broker": "b2", "worst_queue_id": 1, "worst_owner": "cid-1", "queues": 8,
         "mismatched_queues": 0, "idle_consumers": [], "alert": True, "alert_reason": "offsets did not move", "event_date": day(now),
+        "burrow_status": "ERR", "complete": 1.0, "max_lag": 5000, "maxlag_topic": "orders", "maxlag_broker": "b2",
+        "maxlag_queue_id": 1,
     }
 
 
@@ -93,12 +95,16 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     assert read_table(root, "avoidance_recommendations").to_pylist() == history_rows(expected, str(cycle))
     cycles = read_table(root, "publisher_cycles", columns=["cycle_number", "step", "status", "avoided", "alerts"])
     assert sorted(cycles.to_pylist(), key=lambda r: r["step"]) == [
+        {"cycle_number": cycle, "step": "alerts", "status": "sent", "avoided": 0, "alerts": 2},
         {"cycle_number": cycle, "step": "avoidance", "status": "published", "avoided": 1, "alerts": 0},
-        {"cycle_number": cycle, "step": "lag_alerts", "status": "sent", "avoided": 0, "alerts": 1},
     ]
-    [(key, alert)] = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
-    assert (key, alert["kind"], alert["details"]["consumer_group"], alert["cycle_id"]) == (
-        "c1", "consumer_lag", "GID_orders", str(cycle))
+    # Alerts: the open episode on b2 and the stalled group, both firing.
+    fired = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
+    assert sorted((k, a["kind"], a["status"], a["alert_id"], a["cycle_id"]) for k, a in fired) == [
+        ("c1", "broker_fault", "firing", "broker_fault|c1|b2", str(cycle)),
+        ("c1", "consumer_lag", "firing", "consumer_lag|c1|GID_orders", str(cycle)),
+    ]
+    assert {a["kind"]: a["details"].get("consumer_group") for _, a in fired}["consumer_lag"] == "GID_orders"
 
     # The producer feed sees exactly the published avoidance.
     feed = AvoidanceFeed.from_config(pcfg)
@@ -113,10 +119,10 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     # Re-running the same cycle appends, publishes and alerts nothing.
     versions = {n: table_version(root, n) for n in ("avoidance_recommendations", "publisher_cycles")}
     again = run_cycle(pcfg, cycle_number=cycle, at_ms=now + 5 * S)
-    assert again.status == "skipped" and again.lag_alerts == 0
+    assert again.status == "skipped" and again.alerts == 0
     assert {n: table_version(root, n) for n in versions} == versions
     assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)) == 1
-    assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)) == 1
+    assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)) == 2
 
     # Next cycle: the episode closed 50 s ago, probation (30 s) is over, but the published
     # avoidance (until now + 100 s) holds: hysteresis comes from the history table.

@@ -1,0 +1,125 @@
+"""The alert lifecycle's pure rules: fire once, repeat while active, resolve, keep undelivered resolutions."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from pipeline.config import ALERT_KINDS
+from pipeline.policy.model import Episode
+from pipeline.publish import alertmanager, alerts, lifecycle
+from pipeline.publish.lifecycle import Condition, advance, broker_conditions, delivered, group_conditions
+from schemas.alerts import ALERT_SCHEMA_PATH
+
+REPEAT = 300_000
+
+
+def cond(alert_id: str = "broker_fault|c1|b2", summary: str = "b2 down") -> Condition:
+    return Condition(alert_id, "broker_fault", "critical", "c1", {"broker": "b2"}, summary, {"episode_id": "e1"})
+
+
+def ids(alerts) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(a.alert_id, a.status) for a in alerts]
+
+
+def test_fires_once_repeats_after_the_interval_and_resolves_once() -> None:
+    s1 = advance((), [cond()], 1_000, REPEAT)
+    assert ids(s1.records) == [("broker_fault|c1|b2", "firing")] and ids(s1.to_alertmanager) == ids(s1.records)
+    s2 = advance(delivered(s1, True), [cond(summary="b2 still down")], 61_000, REPEAT)
+    assert s2.records == () and ids(s2.to_alertmanager) == [("broker_fault|c1|b2", "firing")]
+    assert (s2.alerts[0].starts_ms, s2.alerts[0].summary) == (1_000, "b2 still down")
+    s3 = advance(delivered(s2, True), [cond()], 301_000, REPEAT)  # the repeat interval has passed
+    assert ids(s3.records) == [("broker_fault|c1|b2", "firing")] and s3.records[0].starts_ms == 1_000
+    s4 = advance(delivered(s3, True), [], 361_000, REPEAT)
+    assert ids(s4.records) == [("broker_fault|c1|b2", "resolved")]
+    assert (s4.records[0].starts_ms, s4.records[0].ends_ms) == (1_000, 361_000)
+    assert delivered(s4, True) == ()
+    assert advance((), [], 421_000, REPEAT) == lifecycle.Step((), (), ())
+
+
+def test_a_resolution_alertmanager_did_not_take_is_kept_and_sent_again() -> None:
+    s1 = advance((), [cond()], 1_000, REPEAT)
+    s2 = advance(delivered(s1, True), [], 61_000, REPEAT)
+    kept = delivered(s2, False)
+    assert ids(kept) == [("broker_fault|c1|b2", "resolved")]
+    s3 = advance(kept, [], 121_000, REPEAT)
+    assert s3.records == ()  # the topic already has the resolution
+    assert ids(s3.to_alertmanager) == [("broker_fault|c1|b2", "resolved")] and s3.to_alertmanager[0].ends_ms == 61_000
+    assert delivered(s3, True) == ()
+
+
+def test_a_condition_that_comes_back_fires_again_with_a_new_start() -> None:
+    s1 = advance((), [cond()], 1_000, REPEAT)
+    s2 = advance(delivered(s1, True), [], 61_000, REPEAT)
+    s3 = advance(delivered(s2, False), [cond()], 121_000, REPEAT)
+    assert ids(s3.records) == [("broker_fault|c1|b2", "firing")] and s3.records[0].starts_ms == 121_000
+
+
+def episode(state: str, broker: str = "b2", closed: int | None = None) -> Episode:
+    return Episode(f"c1|{broker}|100", "c1", broker, 100, closed, state, "quorum", 5, 6, 300, 150, 3000.0, 200)
+
+
+@pytest.mark.parametrize(
+    ("state", "fires"), [("suspected", True), ("open", True), ("closed", False)],
+)
+def test_broker_alert_per_episode_state(state: str, fires: bool) -> None:
+    found = broker_conditions([episode(state, closed=150 if state == "closed" else None)])
+    assert [c.alert_id for c in found] == (["broker_fault|c1|b2"] if fires else [])
+    if fires:
+        assert found[0].labels == {"broker": "b2"} and found[0].details["state"] == state
+
+
+def group(status: str, ts: int = 1_000, time_lag: int | None = 1_000, name: str = "G") -> dict:  # type: ignore[type-arg]
+    return {"cluster": "c1", "consumer_group": name, "ts_ms": ts, "status": status, "max_time_lag_ms": time_lag,
+            "alert_reason": None}
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([group("OK")], []),
+        ([group("WARN")], [("consumer_lag|c1|G", "warning")]),
+        ([group("STALL")], [("consumer_lag|c1|G", "critical")]),
+        ([group("STOP")], [("consumer_lag|c1|G", "critical")]),
+        ([group("REWIND")], [("consumer_lag|c1|G", "critical")]),
+        ([group("UNKNOWN")], []),
+        ([group("OK", time_lag=300_001)], [("consumer_lag|c1|G", "warning")]),  # over the bound
+        ([group("OK", time_lag=300_000)], []),  # at the bound
+        ([group("OK", time_lag=None)], []),
+        ([group("STALL", ts=1), group("OK", ts=2)], []),  # the newest row counts
+        ([group("OK", ts=2), group("STALL", ts=1)], []),
+    ],
+)
+def test_group_alert_rules(rows: list[dict], expected: list[tuple[str, str]]) -> None:  # type: ignore[type-arg]
+    assert [(c.alert_id, c.severity) for c in group_conditions(rows, 300_000)] == expected
+
+
+def test_config_kinds_are_the_lifecycle_kinds() -> None:
+    assert ALERT_KINDS == lifecycle.ALERT_KINDS
+
+
+def test_records_match_the_published_json_schema() -> None:
+    schema = json.loads(ALERT_SCHEMA_PATH.read_text())
+    s1 = advance((), [cond()], 1_000, REPEAT)
+    s2 = advance(delivered(s1, True), [], 61_000, REPEAT)
+    for alert in s1.records + s2.records:
+        _, record = alerts.lifecycle_record(alert, "61000", 61_000)
+        jsonschema.validate(json.loads(alerts.encode_alert(record)), schema)
+    _, gate = alerts.gate_alert("61000", 61_000, ("x",), ["c1"], None)
+    jsonschema.validate(json.loads(alerts.encode_alert(gate)), schema)
+    bad = dict(alerts.lifecycle_record(s2.records[0], "61000", 61_000)[1], ends_ms=None)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_alertmanager_payload_ends_only_resolved_alerts() -> None:
+    s1 = advance((), [cond()], 1_000, REPEAT)
+    s2 = advance(delivered(s1, True), [], 61_500, REPEAT)
+    firing, resolved = alertmanager.payload(s1.records[0]), alertmanager.payload(s2.records[0])
+    assert firing["labels"] == resolved["labels"] == {
+        "alertname": "FaultwatchBrokerFault", "cluster": "c1", "severity": "critical", "source": "faultwatch",
+        "broker": "b2"}
+    assert (firing["startsAt"], "endsAt" in firing) == ("1970-01-01T00:00:01.000Z", False)
+    assert resolved["endsAt"] == "1970-01-01T00:01:01.500Z"
