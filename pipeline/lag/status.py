@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.config import LagConfig
 from pipeline.lag.model import UNKNOWN, Status
 from pipeline.lag.window import Windows
 
@@ -58,14 +59,14 @@ class RuleParams:
             raise ValueError(f"unknown lag rule set {self.rules!r}; valid names: {list(RULE_SETS)}")
 
     @staticmethod
-    def of(cfg: object) -> RuleParams:
+    def of(cfg: LagConfig) -> RuleParams:
         """The rule knobs of a ``LagConfig``."""
         return RuleParams(
-            rules=cfg.rules,  # type: ignore[attr-defined]
-            allowed_lag=cfg.allowed_lag,  # type: ignore[attr-defined]
-            minimum_complete=cfg.minimum_complete,  # type: ignore[attr-defined]
-            min_commits=cfg.min_commits,  # type: ignore[attr-defined]
-            caught_up_grace_ms=cfg.caught_up_grace_ms,  # type: ignore[attr-defined]
+            rules=cfg.rules,
+            allowed_lag=cfg.allowed_lag,
+            minimum_complete=cfg.minimum_complete,
+            min_commits=cfg.min_commits,
+            caught_up_grace_ms=cfg.caught_up_grace_ms,
         )
 
 

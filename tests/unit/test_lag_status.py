@@ -243,6 +243,19 @@ def test_unknown_rule_set_is_refused_naming_the_valid_ones() -> None:
         RuleParams(rules="kafka")
 
 
+def test_config_offers_exactly_the_rule_sets() -> None:
+    """lag.rules is validated at load against the same names the rules module knows."""
+    import typing
+
+    from pipeline.config import LagConfig
+    from pipeline.lag.status import RULE_SETS
+
+    assert typing.get_args(typing.get_type_hints(LagConfig)["rules"]) == RULE_SETS
+    assert RuleParams.of(LagConfig(rules="faultwatch", allowed_lag=3)) == RuleParams(
+        rules="faultwatch", allowed_lag=3
+    )
+
+
 def test_status_order_is_severity() -> None:
     assert sorted(Status, key=int) == [
         Status.UNKNOWN,
