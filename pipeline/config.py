@@ -344,7 +344,7 @@ class PublishConfig:
             raise ConfigError("publish.app_id must not be empty")
 
 
-ALERT_KINDS = ("broker_fault", "consumer_lag")
+ALERT_KINDS = ("broker_fault", "consumer_lag", "avoidance_refused")
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ class AlertsConfig:
     # Alertmanager base URLs (v2 API: POST <url>/api/v2/alerts), every instance of a cluster; empty: Kafka only.
     alertmanager_urls: tuple[str, ...] = ()
     # Which alerts: broker_fault (an episode suspected or open), consumer_lag (a group WARN or worse, or
-    # time lag over lag.time_lag_alert_ms).
+    # time lag over lag.time_lag_alert_ms), avoidance_refused (the newest avoidance cycle was refused).
     kinds: tuple[str, ...] = ALERT_KINDS
     # A firing alert's record on the alerts topic repeats this often (Alertmanager gets it every cycle).
     repeat_interval_s: float = 300.0

@@ -27,13 +27,9 @@ def _iso(ms: int) -> str:
 
 
 def labels(alert: Alert) -> dict[str, str]:
-    return {
-        "alertname": ALERT_NAMES[alert.kind],
-        "cluster": alert.cluster,
-        "severity": alert.severity,
-        "source": "faultwatch",
-        **{k: str(v) for k, v in alert.labels.items()},
-    }
+    out = {"alertname": ALERT_NAMES[alert.kind], "cluster": alert.cluster, "severity": alert.severity,
+           "source": "faultwatch", **{k: str(v) for k, v in alert.labels.items()}}
+    return {k: v for k, v in out.items() if v}  # an empty label is no label
 
 
 def payload(alert: Alert) -> dict[str, Any]:

@@ -15,16 +15,18 @@ from pipeline.publish.alertmanager import labels
 from pipeline.publish.lifecycle import FIRING, Alert
 from schemas.alerts import ALERT_SCHEMA_ID
 
+PUBLISHER_KEY = "faultwatch-publisher"  # the record key of the publisher's own alerts
+
 
 def lifecycle_record(alert: Alert, cycle_id: str, now_ms: int) -> tuple[str, dict[str, Any]]:
     """(key = cluster, record) for one lifecycle alert as it stands at this cycle."""
-    return alert.cluster, {
+    return alert.cluster or PUBLISHER_KEY, {
         "schema": ALERT_SCHEMA_ID,
         "alert_id": alert.alert_id,
         "status": alert.status,
         "kind": alert.kind,
         "severity": alert.severity,
-        "cluster": alert.cluster,
+        "cluster": alert.cluster or None,
         "ts_ms": now_ms,
         "starts_ms": alert.starts_ms,
         "ends_ms": alert.ends_ms,
@@ -39,7 +41,7 @@ def gate_alert(
     cycle_id: str, now_ms: int, failed: tuple[str, ...], clusters: list[str], last_published_cycle: str | None
 ) -> tuple[str, dict[str, Any]]:
     """(key, alert) for a cycle whose validation failed: nothing was published."""
-    return "faultwatch-publisher", {
+    return PUBLISHER_KEY, {
         "schema": ALERT_SCHEMA_ID,
         "alert_id": f"avoidance_gate|{cycle_id}",
         "status": FIRING,

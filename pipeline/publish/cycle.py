@@ -267,7 +267,8 @@ def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -
 
 def alert_conditions(cfg: Config, inp: CycleInput) -> list[lifecycle.Condition]:
     """The enabled alert conditions that hold at this cycle: episodes from the snapshot, groups from
-    their newest ``group_status`` row within ``alerts.group_lookback_s``."""
+    their newest ``group_status`` row within ``alerts.group_lookback_s``, refusals from
+    ``publisher_cycles``."""
     kinds = cfg.alerts.kinds
     found = lifecycle.broker_conditions(inp.snapshot.episodes) if lifecycle.BROKER_FAULT in kinds else []
     if lifecycle.CONSUMER_GROUP in kinds:
@@ -280,6 +281,12 @@ def alert_conditions(cfg: Config, inp: CycleInput) -> list[lifecycle.Condition]:
             & (pc.field("ts_ms") <= inp.now_ms),
         ).to_pylist()
         found += lifecycle.group_conditions(rows, cfg.lag.time_lag_alert_ms)
+    if lifecycle.AVOIDANCE_REFUSED in kinds:
+        cycles = read_table(
+            cfg.storage.root, "publisher_cycles", columns=["cycle_id", "cycle_number", "step", "status", "failed_checks"],
+            filter=(pc.field("step") == AVOIDANCE_STEP) & pc.field("status").isin(["published", "rejected"]),
+        ).to_pylist()
+        found += lifecycle.refusal_conditions(cycles, cfg.publish.app_id)
     return found
 
 
@@ -321,11 +328,12 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
     now = now_ms() if at_ms is None else at_ms
     number = cycle_number_for(now, cfg.publish.interval_s) if cycle_number is None else cycle_number
     inp = load_inputs(cfg, number, now)
-    sent = send_alerts(cfg, inp)["alerts"]
     reason = skip_cycle(cfg, number, now)
     if reason is not None:
-        return CycleReport(inp.cycle_id, "skipped", None, None, sent, reason)
+        return CycleReport(inp.cycle_id, "skipped", None, None, send_alerts(cfg, inp)["alerts"], reason)
     decision = recommend(inp, cfg)
     gate = validate(inp, decision, cfg)
     result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
+    # Alerts last: a slow or unreachable Alertmanager never delays the list producers wait for.
+    sent = send_alerts(cfg, inp)["alerts"]
     return CycleReport(inp.cycle_id, result["status"], gate, decision, sent, result.get("reason"))

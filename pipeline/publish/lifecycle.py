@@ -22,10 +22,15 @@ RESOLVED = "resolved"
 
 BROKER_FAULT = "broker_fault"
 CONSUMER_GROUP = "consumer_lag"
-ALERT_KINDS = (BROKER_FAULT, CONSUMER_GROUP)
+AVOIDANCE_REFUSED = "avoidance_refused"
+ALERT_KINDS = (BROKER_FAULT, CONSUMER_GROUP, AVOIDANCE_REFUSED)
 
 # Alertmanager's alertname per kind: what routes and silences match on.
-ALERT_NAMES = {BROKER_FAULT: "FaultwatchBrokerFault", CONSUMER_GROUP: "FaultwatchConsumerGroupLagging"}
+ALERT_NAMES = {
+    BROKER_FAULT: "FaultwatchBrokerFault",
+    CONSUMER_GROUP: "FaultwatchConsumerGroupLagging",
+    AVOIDANCE_REFUSED: "FaultwatchAvoidanceRefused",
+}
 GROUP_ALERT_STATUSES = ("WARN", "STOP", "STALL", "REWIND")
 
 
@@ -36,7 +41,7 @@ class Condition:
     alert_id: str
     kind: str
     severity: str
-    cluster: str
+    cluster: str  # "" for the publisher's own alerts
     labels: Mapping[str, str]  # identity labels besides alertname/cluster/severity (stable while it lasts)
     summary: str
     details: Mapping[str, Any] = field(default_factory=dict)
@@ -165,3 +170,23 @@ def group_conditions(rows: Iterable[Mapping[str, Any]], time_lag_bound_ms: int) 
                                    "worst_topic", "worst_broker", "worst_queue_id", "worst_owner")},
         ))
     return out
+
+
+def refusal_conditions(cycles: Iterable[Mapping[str, Any]], publisher: str) -> list[Condition]:
+    """The publisher alerts while its newest decided avoidance cycle was refused by validation.
+
+    ``cycles`` are ``publisher_cycles`` rows; a later ``published`` cycle resolves it.
+    """
+    decided = [r for r in cycles if r["step"] == "avoidance" and r["status"] in ("published", "rejected")]
+    if not decided:
+        return []
+    last = max(decided, key=lambda r: r["cycle_number"])
+    if last["status"] != "rejected":
+        return []
+    failed = list(last.get("failed_checks") or [])
+    return [Condition(
+        f"{AVOIDANCE_REFUSED}|{publisher}", AVOIDANCE_REFUSED, "critical", "", {"publisher": publisher},
+        f"avoidance publisher {publisher}: cycle {last['cycle_id']} refused by validation, nothing published; "
+        f"producers keep the last list until it expires ({'; '.join(failed) or 'see publisher_cycles'})",
+        {"cycle_id": last["cycle_id"], "failed_checks": failed},
+    )]

@@ -102,6 +102,10 @@ def test_a_refused_cycle_records_its_row_and_alert_once_and_blocks_no_later_cycl
               if a["kind"] == "avoidance_validation_failed"]
     assert [a["alert_id"] for a in alerts] == [f"avoidance_gate|{cycle}"]
     assert published_cycles(pcfg) == [str(cycle - 60 * S), str(cycle + 60 * S)]
+    # The refusal as an alert with a lifecycle: firing with the refused cycle, resolved by the next publication.
+    refused = [(a["status"], a["cycle_id"]) for _, a in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
+               if a["kind"] == "avoidance_refused"]
+    assert refused == [("firing", str(cycle)), ("resolved", str(cycle + 60 * S))]
 
 
 def test_faultwatch_publish_exit_codes_and_printed_reason(pcfg: Config, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -123,3 +123,44 @@ def test_alertmanager_payload_ends_only_resolved_alerts() -> None:
         "broker": "b2"}
     assert (firing["startsAt"], "endsAt" in firing) == ("1970-01-01T00:00:01.000Z", False)
     assert resolved["endsAt"] == "1970-01-01T00:01:01.500Z"
+
+
+def cycle(n: int, status: str, step: str = "avoidance") -> dict:  # type: ignore[type-arg]
+    return {"cycle_id": str(n), "cycle_number": n, "step": step, "status": status, "failed_checks": ["x"]}
+
+
+@pytest.mark.parametrize(
+    ("rows", "fires"),
+    [
+        ([], False),
+        ([cycle(1, "published")], False),
+        ([cycle(1, "published"), cycle(2, "rejected")], True),
+        ([cycle(2, "rejected"), cycle(3, "published")], False),  # a later publication resolves it
+        ([cycle(2, "rejected"), cycle(3, "sent", step="alerts")], True),
+    ],
+)
+def test_refusal_alert_follows_the_newest_decided_cycle(rows: list[dict], fires: bool) -> None:  # type: ignore[type-arg]
+    found = lifecycle.refusal_conditions(rows, "pub")
+    assert [c.alert_id for c in found] == (["avoidance_refused|pub"] if fires else [])
+    if fires:
+        s = advance((), found, 1_000, REPEAT)
+        assert alertmanager.labels(s.records[0]) == {
+            "alertname": "FaultwatchAvoidanceRefused", "severity": "critical", "source": "faultwatch", "publisher": "pub"}
+        key, record = alerts.lifecycle_record(s.records[0], "1000", 1_000)
+        assert (key, record["cluster"]) == ("faultwatch-publisher", None)
+        jsonschema.validate(record, json.loads(ALERT_SCHEMA_PATH.read_text()))
+
+
+def test_alerts_config_is_validated_naming_the_key() -> None:
+    from pipeline.config import ConfigError, from_dict
+
+    cfg = from_dict({"alerts": {"alertmanager_urls": ["http://127.0.0.1:9093"], "kinds": ["broker_fault"]}})
+    assert (cfg.alerts.alertmanager_urls, cfg.alerts.kinds) == (("http://127.0.0.1:9093",), ("broker_fault",))
+    for raw, message in [
+        ({"kinds": ["nope"]}, "alerts.kinds"),
+        ({"alertmanager_urls": ["127.0.0.1:9093"]}, "alerts.alertmanager_urls"),
+        ({"repeat_interval_s": 0}, "alerts.repeat_interval_s"),
+        ({"timeout_s": "soon"}, "alerts.timeout_s"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            from_dict({"alerts": raw})
