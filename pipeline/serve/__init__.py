@@ -2,8 +2,8 @@
 over the Delta tables, read with deltalake (no Spark) and refreshed in the background.
 
 :mod:`follow` reads tables incrementally, :mod:`state` turns their views into one state (pure),
-:mod:`metrics`, :mod:`api` and :mod:`page` render it, :mod:`snapshot` refreshes it, :mod:`app`
-serves it over HTTP.
+:mod:`metrics`, :mod:`api` and :mod:`page` render it, :mod:`snapshot` refreshes it, :mod:`worker`
+does that in a child process, :mod:`app` serves the result over HTTP.
 """
 
 from pipeline.serve.app import Server

@@ -23,8 +23,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.config import Config, ConfigError
 from pipeline.serve import api
-from pipeline.serve.page import render_page
-from pipeline.serve.snapshot import Refresher, Snapshot, health
+from pipeline.serve.snapshot import health
+from pipeline.serve.state import ServeState
+from pipeline.serve.worker import Published, RefreshWorker
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,12 @@ def _auth_middleware(auth: BasicAuth) -> Callable[..., Awaitable[web.StreamRespo
 class Routes:
     """Request handlers over the refresher's current snapshot."""
 
-    def __init__(self, cfg: Config, refresher: Refresher, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: Config, refresher: RefreshWorker, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.refresher = refresher
         self.clock = clock
 
-    def _snapshot(self) -> Snapshot | None:
+    def _snapshot(self) -> Published | None:
         return self.refresher.snapshot
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -110,57 +111,49 @@ class Routes:
         snap = self._snapshot()
         if snap is None:
             return web.Response(status=503, text="no refresh of the tables has finished yet\n")
-        body = snap.cache.get("page")
-        if body is None:
-            now_ms = int(self.clock() * 1000)
-            body = snap.cache["page"] = render_page(snap.state, health(snap, self.cfg, now_ms),
-                                                    self.cfg.serve.page_refresh_s)
-        return web.Response(body=body, content_type="text/html", charset="utf-8")
+        return web.Response(body=snap.page, content_type="text/html", charset="utf-8")
 
     async def healthz(self, request: web.Request) -> web.Response:
         status, reasons = health(self._snapshot(), self.cfg, int(self.clock() * 1000))
         body = {"status": "ok" if status == 200 else "unhealthy", "reasons": reasons}
         return web.json_response(body, status=status)
 
-    def _api(self, request: web.Request, render: Callable[[Snapshot], api.Answer]) -> web.Response:
+    def _api(self, request: web.Request, render: Callable[[ServeState], api.Answer]) -> web.Response:
+        """The answer the refresh rendered for this path; unknown paths get theirs (404, 503) here."""
         snap = self._snapshot()
         if snap is None:
             return _json(api.reply(503, request.path, "no refresh of the tables has finished yet"))
-        answer = snap.cache.get(request.path)
-        if answer is None:
-            answer = render(snap)
-            if answer[0] == 200:  # only known clusters and groups: unknown paths must not fill memory
-                snap.cache[request.path] = answer
-        return _json(answer)
+        answer = snap.answers.get(request.path)
+        return _json(answer if answer is not None else render(snap.state))
 
     async def clusters(self, request: web.Request) -> web.Response:
-        return self._api(request, lambda s: api.clusters(s.state, request.path))
+        return self._api(request, lambda s: api.clusters(s, request.path))
 
     async def cluster(self, request: web.Request) -> web.Response:
         name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.cluster(s.state, request.path, name))
+        return self._api(request, lambda s: api.cluster(s, request.path, name))
 
     async def consumers(self, request: web.Request) -> web.Response:
         name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.consumers(s.state, request.path, name))
+        return self._api(request, lambda s: api.consumers(s, request.path, name))
 
     async def group_status(self, request: web.Request) -> web.Response:
         name, group = request.match_info["cluster"], request.match_info["group"]
-        return self._api(request, lambda s: api.group_status(s.state, request.path, name, group))
+        return self._api(request, lambda s: api.group_status(s, request.path, name, group))
 
     async def brokers(self, request: web.Request) -> web.Response:
         name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.brokers(s.state, request.path, name))
+        return self._api(request, lambda s: api.brokers(s, request.path, name))
 
     async def avoidance(self, request: web.Request) -> web.Response:
         name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.avoidance(s.state, request.path, name, s.avoidance_raw))
+        return self._api(request, lambda s: api.avoidance(s, request.path, name, {}))
 
     async def unknown_api(self, request: web.Request) -> web.Response:
         return _json(api.not_found(request.path, "resource"))
 
 
-def build_app(cfg: Config, refresher: Refresher) -> web.Application:
+def build_app(cfg: Config, refresher: RefreshWorker) -> web.Application:
     s = cfg.serve
     middlewares = []
     if s.basic_auth_username is not None and s.basic_auth_password_hash is not None:
@@ -203,7 +196,7 @@ class Server:
     def __init__(self, cfg: Config, port: int | None = None) -> None:
         self.cfg = cfg
         self.port = cfg.serve.port if port is None else port
-        self.refresher = Refresher(cfg)
+        self.refresher = RefreshWorker(cfg)
         self.ssl = ssl_context(cfg)
         self.url: str | None = None
         self._ready = threading.Event()

@@ -1,20 +1,17 @@
-"""Refresh in the background, answer from an immutable snapshot: a refresh never blocks a request.
+"""One refresh: follow the tables and the published avoidance files, build the state, render /metrics.
 
-A :class:`Refresher` thread follows the tables (:mod:`pipeline.serve.follow`) and the published
-avoidance files every ``serve.refresh_interval_s``, builds the next :class:`Snapshot` (state and the
-pre-rendered ``/metrics`` body) and swaps it in with one assignment. Requests read whichever
-snapshot is current; answers derived from it are cached on it.
+:class:`Refresher` keeps the table followers (:mod:`pipeline.serve.follow`) between refreshes, so
+each refresh reads only what was committed since the last one. :mod:`pipeline.serve.worker` runs
+it in a child process; tests call :meth:`Refresher.refresh_once` directly.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import pyarrow as pa
@@ -24,8 +21,6 @@ from pipeline.config import Config
 from pipeline.serve.follow import Fold, TableFollower, latest_fold
 from pipeline.serve.metrics import RefreshStats, render_metrics
 from pipeline.serve.state import TIME_COLUMN, ServeState, Views, build_state
-
-log = logging.getLogger(__name__)
 
 # Tables whose content serve shows: /healthz is 503 while one of them cannot be read.
 REQUIRED_TABLES = ("group_status", "queue_lag", "broker_fault_episodes", "broker_health")
@@ -97,18 +92,22 @@ def read_avoidance_files(publish_dir: str) -> tuple[dict[str, bytes], dict[str, 
     return raw, docs, ("unreadable avoidance files: " + "; ".join(problems)) if problems else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Snapshot:
-    """One refresh's view; ``cache`` holds answers rendered from it on demand (by request path)."""
+    """One refresh's state, its /metrics body and the published files' bytes."""
 
     state: ServeState
     metrics: bytes
     avoidance_raw: Mapping[str, bytes]
     refresh: RefreshStats
-    cache: dict[Any, Any] = field(default_factory=dict)
 
 
-def health(snapshot: Snapshot | None, cfg: Config, now_ms: int) -> tuple[int, list[str]]:
+class _HasHealth(Protocol):
+    state: ServeState
+    refresh: RefreshStats
+
+
+def health(snapshot: _HasHealth | None, cfg: Config, now_ms: int) -> tuple[int, list[str]]:
     """/healthz: 200 and no reasons, or 503 and every reason it is not healthy."""
     if snapshot is None:
         return 503, ["no refresh of the tables has finished yet"]
@@ -132,7 +131,7 @@ def health(snapshot: Snapshot | None, cfg: Config, now_ms: int) -> tuple[int, li
 
 
 class Refresher:
-    """Keeps ``snapshot`` current; :meth:`start` runs the refresh loop in a daemon thread."""
+    """Builds snapshots; the followers it keeps make each refresh read only new files."""
 
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
@@ -141,8 +140,6 @@ class Refresher:
         self.snapshot: Snapshot | None = None
         self.ok_total = 0
         self.error_total = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def refresh_once(self) -> Snapshot:
         started = time.monotonic()
@@ -173,20 +170,3 @@ class Refresher:
         snapshot = Snapshot(state, metrics, raw, stats)
         self.snapshot = snapshot
         return snapshot
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.refresh_once()
-            except Exception:
-                log.exception("serve: refresh failed")
-            self._stop.wait(self.cfg.serve.refresh_interval_s)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="faultwatch-serve-refresh", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)

@@ -103,7 +103,11 @@ def test_basic_auth_over_tls(secured: tuple[str, ssl.SSLContext, Path, str]) -> 
         assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm="), path
         assert get(url + path, auth=basic(USER, "wrong"), context=context)[0] == 401
         assert get(url + path, auth=basic("someone", PASSWORD), context=context)[0] == 401
-    status, doc = get_json(url + "v3/rocketmq", auth=basic(USER, PASSWORD), context=context)
+    deadline = time.monotonic() + 60  # serve listens at once; its first refresh takes a moment
+    while (answer := get_json(url + "v3/rocketmq", auth=basic(USER, PASSWORD), context=context))[0] == 503:
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+    status, doc = answer
     assert status == 200 and doc["clusters"] == ["DefaultCluster"]
     status, body, _ = get(url + "metrics", auth=basic(USER, PASSWORD), context=context)
     assert status == 200 and b"faultwatch_group_lag_messages" in body
