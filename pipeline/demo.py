@@ -45,7 +45,22 @@ def demo_config(cfg: Config, root: Path, bootstrap: str) -> Config:
         storage__publish_dir=str(root / "avoidance"),
         stream__trigger_interval_s=min(cfg.stream.trigger_interval_s, 2.0),
         publish__interval_s=min(cfg.publish.interval_s, DEMO_PUBLISH_INTERVAL_S),
+        serve__refresh_interval_s=min(cfg.serve.refresh_interval_s, 2.0),
+        serve__page_refresh_s=min(cfg.serve.page_refresh_s, 2.0),
     )
+
+
+def start_serve(cfg: Config) -> tuple[Any, str | None]:
+    """``faultwatch serve`` over the demo's tables on serve.port, or any free port if that is taken."""
+    from pipeline.serve import Server
+
+    for port in (cfg.serve.port, 0):
+        server = Server(cfg, port=port)
+        try:
+            return server, server.start()
+        except OSError:
+            continue
+    return None, None
 
 
 class Publisher(threading.Thread):
@@ -149,6 +164,9 @@ def run_demo(
         started = time.monotonic()
         sim_thread.start()
         publisher.start()
+        server, url = start_serve(cfg)
+        if url is not None:
+            console.print(f"demo: live page {url} · Prometheus metrics {url}metrics · API {url}v3/rocketmq")
         last_refresh = [0.0]
 
         def header() -> str:
@@ -211,4 +229,6 @@ def run_demo(
     summary = summary_lines(snap)
     # Plain print: a summary that is piped or logged must not be re-wrapped by rich.
     print("\n".join(["", "demo summary:", *summary, f"report: {Path(report).resolve()}"]), file=out, flush=True)
+    if server is not None:
+        server.stop()
     return DemoResult(code, Path(report), summary)

@@ -148,7 +148,7 @@ def skip_reason(cfg: Config, cycle_number: int, step: str = AVOIDANCE_STEP) -> s
         return f"{this} already {_DONE[step]}: nothing to do"
     return (
         f"{this} superseded: {describe_cycle(done)}, at or after this cycle's time, already {_DONE[step]} "
-        f"(publish.app_id {_app_id(cfg, step)!r}); an older list is never published after a newer one"
+        f"(Delta transaction app id {_app_id(cfg, step)!r}); an older cycle never overrides a newer one"
     )
 
 

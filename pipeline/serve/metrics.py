@@ -227,17 +227,3 @@ def render_metrics(state: ServeState, refresh: RefreshStats, max_queue_series: i
     ]
     return "".join(f.text() for f in families).encode()
 
-
-def exported_names() -> set[str]:
-    """Every series name ``/metrics`` can export (with ``_total`` on counters)."""
-    from pipeline.serve.state import Broker, Cluster, Group
-
-    q = Queue("t", "main", "b", 0, "OK", 1, 1, "o", 0, 0)
-    g = Group("c", "g", "OK", 0, 1, 1, 1, 1, q, 1.0, (q,))
-    b = Broker("c", "b", "open", (), 1, {"failure_rate": 0.1, "latency_p99_ms": 1, "producers_avoiding": 1,
-                                         "active_producers": 1, "minute_ms": 0}, True)
-    doc = {"decided_ms": 0, "expires_ms": 1}
-    state = ServeState(0, {"c": Cluster("c", {"g": g}, {"b": b}, doc)}, {}, {t: 0 for t in TIME_COLUMN},
-                       (("r", "s", 1),), (("avoidance", "published", 0),))
-    text = render_metrics(state, RefreshStats(0.0, 0, 0, 0), 10).decode()
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}

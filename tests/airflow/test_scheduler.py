@@ -124,8 +124,9 @@ def _pids_with_env(key: str, value: str) -> list[int]:
     return found
 
 
-def wait_until(predicate, timeout_s: float, what: str, started: Started, logs: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` with the logs."""
+def wait_until(predicate, timeout_s: float, what: str, started: Started, logs: tuple[str, ...], state=None):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` with the logs
+    (and ``state()``, what the test can see of the outcome so far)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         started.check_alive()
@@ -134,7 +135,8 @@ def wait_until(predicate, timeout_s: float, what: str, started: Started, logs: t
             return value
         time.sleep(1.0)
     tails = "\n".join(f"--- {n}:\n{started.tail(n, 2000)}" for n in logs)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{tails}")
+    seen = f"\n--- seen so far: {state()}" if state is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{seen}\n{tails}")
 
 
 def query(db: Path, sql: str, *args: object) -> list[tuple]:  # type: ignore[type-arg]
@@ -183,7 +185,8 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
         storage__publish_dir=str(tmp_path / "avoidance"),
     )
     cfg = unique_topics(cfg, kafka, "sched")
-    conf = write_config(cfg, tmp_path / "faultwatch.toml")
+    # The input must stay fresh from the pipeline run to the scheduled run, however slow the machine.
+    conf = write_config(cfg, tmp_path / "faultwatch.toml", policy={"max_input_age_s": 1800.0})
     run_pipeline(cfg, conf, started)
     assert read_table(cfg.storage.root, "broker_fault_episodes").num_rows > 0
 
@@ -203,15 +206,19 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
                              text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert unpause.returncode == 0, unpause.stdout + unpause.stderr
 
-    def published() -> list[dict]:  # type: ignore[type-arg]
-        rows = read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status"])
-        return [r for r in rows.to_pylist() if (r["step"], r["status"]) == ("avoidance", "published")]
+    def cycles() -> list[dict]:  # type: ignore[type-arg]
+        return read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status"]).to_pylist()
 
-    [row, *_] = wait_until(published, 300, "a scheduled run to publish (a 'published' row)", started, components)
+    def runs_so_far() -> str:
+        return f"publisher_cycles {cycles()}; dag_run {query(db, 'select run_id, state from dag_run')}"
+
+    [row, *_] = wait_until(
+        lambda: [r for r in cycles() if (r["step"], r["status"]) == ("avoidance", "published")],
+        300, "a scheduled run to publish (a 'published' row)", started, components, runs_so_far)
     runs = wait_until(
         lambda: query(db, "select run_after, run_type, state from dag_run where dag_id = ? and state = 'success'",
                       DAG_ID),
-        120, "the publishing run to finish", started, components)
+        120, "the publishing run to finish", started, components, runs_so_far)
 
     # The cycle is a scheduled run's own time (run_after, in ms).
     def ms(stamp: str) -> int:

@@ -28,6 +28,7 @@ def test_demo_for_60_seconds_shows_an_episode_and_a_lagging_group(tmp_path: Path
     stream_log = (tmp_path / "data" / "demo" / "stream.log").read_text(encoding="utf-8")
     assert "log4j" in stream_log and "faultwatch stream:" in stream_log
     assert "log4j" not in result.stderr + out and " WARN " not in result.stderr
+    assert re.search(r"demo: live page http://127\.0\.0\.1:\d+/ · Prometheus metrics http://\S+/metrics", out)
     summary = out[out.index("demo summary:"):]
     episodes = int(re.search(r"fault episodes: (\d+)", summary).group(1))  # type: ignore[union-attr]
     lagging = int(re.search(r"lagging consumer groups: (\d+)", summary).group(1))  # type: ignore[union-attr]
