@@ -362,9 +362,11 @@ class AlertsConfig:
     group_lookback_s: float = 300.0
     # How long one Alertmanager request may take before it counts as failed (retried next cycle).
     timeout_s: float = 5.0
+    # A resolution Alertmanager did not take is posted again each cycle for this long.
+    resolution_retry_s: float = 3600.0
 
     def validate(self) -> None:
-        _positive(self, "repeat_interval_s", "group_lookback_s", "timeout_s")
+        _positive(self, "repeat_interval_s", "group_lookback_s", "timeout_s", "resolution_retry_s")
         unknown = [k for k in self.kinds if k not in ALERT_KINDS]
         if unknown:
             raise ConfigError(f"alerts.kinds: unknown {unknown}; valid values: {list(ALERT_KINDS)}")

@@ -299,7 +299,8 @@ def send_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
         return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0, "reason": reason}
     root, app_id = cfg.storage.root, alerts_app_id(cfg)
     step = lifecycle.advance(
-        alert_state.load(root, app_id), alert_conditions(cfg, inp), inp.now_ms, int(cfg.alerts.repeat_interval_s * 1000)
+        alert_state.load(root, app_id), alert_conditions(cfg, inp), inp.now_ms,
+        int(cfg.alerts.repeat_interval_s * 1000), int(cfg.alerts.resolution_retry_s * 1000),
     )
     records = [alerts.lifecycle_record(a, inp.cycle_id, inp.now_ms) for a in step.records]
     sinks.send_records(cfg, cfg.topics.alerts, [(k, alerts.encode_alert(r)) for k, r in records])

@@ -91,8 +91,15 @@ def _resolve(a: Alert, now_ms: int) -> Alert:
     return dataclasses.replace(a, status=RESOLVED, ends_ms=now_ms, sent_ms=now_ms, delivered=False)
 
 
-def advance(previous: Sequence[Alert], conditions: Iterable[Condition], now_ms: int, repeat_ms: int) -> Step:
-    """One cycle of the lifecycle; alerts ordered by identity."""
+def advance(
+    previous: Sequence[Alert], conditions: Iterable[Condition], now_ms: int, repeat_ms: int,
+    retry_resolution_ms: int = 3_600_000,
+) -> Step:
+    """One cycle of the lifecycle; alerts ordered by identity.
+
+    An unacknowledged resolution is posted again each cycle for ``retry_resolution_ms`` after it
+    resolved (by then Alertmanager has long resolved the alert itself: nothing re-sent it).
+    """
     holding = {c.alert_id: c for c in conditions}
     before = {a.alert_id: a for a in previous}
     kept: list[Alert] = []
@@ -112,7 +119,7 @@ def advance(previous: Sequence[Alert], conditions: Iterable[Condition], now_ms: 
             new = _resolve(old, now_ms)
             kept.append(new)
             records.append(new)
-        elif old is not None and not old.delivered:
+        elif old is not None and not old.delivered and now_ms - (old.ends_ms or now_ms) < retry_resolution_ms:
             kept.append(old)  # a resolution Alertmanager has not acknowledged yet
     return Step(tuple(kept), tuple(records), tuple(kept))
 

@@ -164,3 +164,12 @@ def test_alerts_config_is_validated_naming_the_key() -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             from_dict({"alerts": raw})
+
+
+def test_an_unacknowledged_resolution_is_retried_for_a_bounded_time() -> None:
+    s1 = advance((), [cond()], 1_000, REPEAT, retry_resolution_ms=120_000)
+    s2 = advance(delivered(s1, True), [], 61_000, REPEAT, retry_resolution_ms=120_000)
+    s3 = advance(delivered(s2, False), [], 180_999, REPEAT, retry_resolution_ms=120_000)
+    assert ids(s3.to_alertmanager) == [("broker_fault|c1|b2", "resolved")]
+    s4 = advance(delivered(s3, False), [], 181_000, REPEAT, retry_resolution_ms=120_000)
+    assert s4 == lifecycle.Step((), (), ())
