@@ -166,7 +166,8 @@ def run_demo(
         publisher.start()
         server, url = start_serve(cfg)
         if url is not None:
-            console.print(f"demo: live page {url} · Prometheus metrics {url}metrics · API {url}v3/rocketmq")
+            console.print(f"demo: live page {url} · Prometheus metrics {url}metrics · API {url}v3/rocketmq",
+                          soft_wrap=True, highlight=False)
         last_refresh = [0.0]
 
         def header() -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import threading
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from pipeline.config import Config
@@ -26,6 +28,19 @@ from pipeline.serve.snapshot import Refresher, Snapshot, health
 from pipeline.serve.state import Cluster, ServeState
 
 log = logging.getLogger(__name__)
+
+
+def _mappingproxy(values: dict[Any, Any]) -> types.MappingProxyType:
+    return types.MappingProxyType(values)
+
+
+def _reduce_mappingproxy(m: types.MappingProxyType) -> tuple[Any, tuple[dict[Any, Any]]]:
+    return _mappingproxy, (dict(m),)
+
+
+# A loaded config holds read-only mappings (spark.conf, lag.groups) that plain pickle refuses; the
+# child process gets the config through multiprocessing's own pickler, so teach that one.
+ForkingPickler.register(types.MappingProxyType, _reduce_mappingproxy)
 
 
 @dataclass(frozen=True)
@@ -123,7 +138,12 @@ class RefreshWorker:
 
     def _supervise(self) -> None:
         while not self._stop.is_set():
-            self._conn = conn = self._spawn()
+            try:
+                self._conn = conn = self._spawn()
+            except Exception:
+                log.exception("serve: cannot start the refresh process; trying again")
+                self._stop.wait(5.0)
+                continue
             try:
                 while not self._stop.is_set():
                     message = conn.recv()

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.config import Config
+from pipeline.config import Config, load_config
 from pipeline.publish.sinks import write_cluster_files
 from pipeline.serve import Server
 from pipeline.serve.follow import latest_per_key
@@ -33,7 +33,11 @@ CLUSTER = "DefaultCluster"
 
 
 def serve_config(tmp_path: Path, **serve: Any) -> Config:
-    cfg = Config().replace(
+    """A config loaded from a file (so with read-only mappings, as users have it) on tmp_path."""
+    conf = tmp_path / "loaded.toml"
+    conf.write_text('[spark.conf]\n"spark.driver.memory" = "1g"\n'
+                    '[lag.groups."CG_pay"]\nconsume_from_where = "CONSUME_FROM_FIRST_OFFSET"\n')
+    cfg = load_config(conf, env={}).replace(
         storage__root=str(tmp_path / "tables"),
         storage__publish_dir=str(tmp_path / "avoidance"),
         serve__port=0,
