@@ -1,0 +1,391 @@
+"""The streaming job users run, over a realistic backlog, against the raw consume ceiling.
+
+    .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling]
+
+1. starts a local broker (Tansu) and preloads a backlog built by the simulator: ``--clusters``
+   instances of ``bench/stream_backlog.toml`` (13 brokers, 40 producers, 13 consumer groups, one
+   broker outage, one group falling behind), one process each, each under its own cluster name,
+   stretched in simulated time to reach ``--events`` in all;
+2. measures the ceiling: one kafka-python consumer reading every event topic, no decoding
+   (``bench/ingest.py``'s helper, one topic after another);
+3. runs ``faultwatch stream --config F --once`` with the default concerns as a separate process
+   (fresh tables and checkpoints) and prints events/s over the whole process (wall) and over the
+   processing (from the start of the first micro-batch, i.e. the first batch line's time less
+   that batch's duration, to the last "total:" line), per query from its batch lines, the ratio against the ceiling, the quarantine's ``late``
+   rows, the peak RSS of the process tree and each stateful stage's task count (from the progress
+   output if it says, else from the state store's partition folders in the checkpoint);
+4. unless ``--skip-scaling``: the same job with ``spark.master`` local[1] and local[2], and under
+   ``spark-submit`` on a Spark standalone cluster with one and then two one-core workers, each on
+   fresh tables, and prints the throughput ratios.
+
+Nothing here asserts timings: the machine may be shared, so the load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.common import log_tail, run_measured, run_parallel
+from bench.ingest import consume_ceiling
+from pipeline.config import Config
+from pipeline.kafka_local import free_port, start_local_kafka
+
+SCENARIO = REPO / "bench" / "stream_backlog.toml"
+BIN = Path(sys.executable).parent
+BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch (\d+): in=(\d+) .*\((\d+(?:\.\d+)?)s\)")
+TOTAL_LINE = re.compile(r"^\[([^\]]+)\] total: (\d+) batches, (\d+) rows in")
+TASKS = re.compile(r"\btasks=(\d+)")
+
+
+# --- the backlog --------------------------------------------------------------------------------
+
+
+def instance_scenario(index: int, duration_s: float):  # type: ignore[no-untyped-def]
+    """The bench scenario for cluster ``bench-<index>``, ``duration_s`` long, its faults stretched with it."""
+    from pipeline.simulate import load_scenario
+
+    base = load_scenario(str(SCENARIO))
+    scale = duration_s / base.duration_s
+    return base.replace(
+        duration_s=duration_s,
+        brokers=tuple(dataclasses.replace(b, cluster=f"bench-{index}") for b in base.brokers),
+        faults=tuple(
+            dataclasses.replace(f, start_s=f.start_s * scale, duration_s=f.duration_s and f.duration_s * scale)
+            for f in base.faults
+        ),
+    )
+
+
+def events_per_simulated_second() -> float:
+    """How many events one instance emits per simulated second (a short run into memory)."""
+    from pipeline.simulate import MemorySink, Simulation
+
+    stats = Simulation(instance_scenario(0, 10.0)).run(MemorySink())
+    return stats.total / 10.0
+
+
+def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str) -> None:
+    """One cluster's simulation into Kafka (a spawned process); its event counts go to ``out``."""
+    from pipeline.simulate import KafkaSink, Simulation
+
+    class ClusterSink(KafkaSink):
+        """Event ids are unique per simulation; the clusters' runs prefix theirs with the cluster."""
+
+        def write(self, kind, rows):  # type: ignore[no-untyped-def]
+            if kind == "send_result":
+                rows = [[f"bench-{index}/{r[0]}", *r[1:]] for r in rows]
+            super().write(kind, rows)
+
+    cfg = Config().replace(kafka__bootstrap_servers=bootstrap)
+    stats = Simulation(instance_scenario(index, duration_s), seed=1 + index).run(ClusterSink(cfg), close=True)
+    Path(out).write_text(json.dumps(stats.events))
+    print(f"    cluster bench-{index}: {stats.total:,} events in {stats.wall_s:.1f}s", flush=True)
+
+
+def preload(bootstrap: str, events: int, clusters: int, work: Path) -> dict[str, int]:
+    """Simulate ``clusters`` clusters in parallel into Kafka; events per kind in all."""
+    duration = max(5.0, events / clusters / events_per_simulated_second())
+    print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name})", flush=True)
+    outs = [work / f"preload-{i}.json" for i in range(clusters)]
+    secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i])) for i in range(clusters)])
+    counts: dict[str, int] = {}
+    for out in outs:
+        for kind, n in json.loads(out.read_text()).items():
+            counts[kind] = counts.get(kind, 0) + n
+    total = sum(counts.values())
+    print(f"preload: {total:,} events ({counts}) at {total / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
+    return counts
+
+
+def ceiling(bootstrap: str, counts: dict[str, int]) -> float:
+    """Seconds for one kafka-python consumer to read every event topic, one after another."""
+    topics = Config().topics.event_topics()
+    return sum(consume_ceiling(bootstrap, topics[kind], n) for kind, n in counts.items() if n)
+
+
+# --- one run of the job -------------------------------------------------------------------------
+
+
+@dataclass
+class QueryFigures:
+    batches: int = 0
+    events: int = 0
+    batch_s: float = 0.0
+    later_events: int = 0  # batches after the first, which also pays for the Python workers' start
+    later_s: float = 0.0
+    tasks: str | None = None
+    total_events: int | None = None  # as its "total:" line says
+
+
+@dataclass
+class RunFigures:
+    code: int = 0
+    wall_s: float = 0.0
+    startup_s: float = 0.0  # to the start of the first micro-batch
+    processing_s: float = 0.0  # from there to the last "total:" line
+    peak_rss: int = 0
+    queries: dict[str, QueryFigures] = field(default_factory=dict)
+
+
+def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None) -> Path:
+    """The shipped defaults but for the broker, the storage and (optionally) the Spark master."""
+    text = (
+        f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
+        f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\npublish_dir = "{data}/avoidance"\n'
+    )
+    if master is not None:
+        text += f'[spark]\nmaster = "{master}"\n'
+    path.write_text(text)
+    return path
+
+
+def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> RunFigures:
+    """Run one ``faultwatch stream --once`` (or its spark-submit) and collect what its output says."""
+    r = RunFigures()
+    t0 = time.perf_counter()
+    first: list[float] = []
+    done: list[float] = []
+
+    def on_line(line: str) -> None:
+        now = time.perf_counter()
+        batch, total = BATCH_LINE.match(line), TOTAL_LINE.match(line)
+        if batch:
+            q = r.queries.setdefault(batch[1], QueryFigures())
+            n, secs = int(batch[3]), float(batch[4])
+            q.batches, q.events, q.batch_s = q.batches + 1, q.events + n, q.batch_s + secs
+            if q.batches > 1:
+                q.later_events, q.later_s = q.later_events + n, q.later_s + secs
+            tasks = TASKS.search(line)
+            if tasks:
+                q.tasks = tasks[1]
+            if not first:
+                first.append(now - secs)  # the line comes when the batch is over
+            print("   ", line.rstrip(), flush=True)
+        elif line.startswith("faultwatch stream: kafka="):  # the header: where it runs, the Spark master
+            print("   ", line.rstrip(), flush=True)
+        elif total:
+            done.append(now)
+            r.queries.setdefault(total[1], QueryFigures()).total_events = int(total[3])
+            print("   ", line.rstrip(), flush=True)
+
+    if env:  # through env(1), so that the measured process tree is still the job's own
+        args = ["env", *(f"{k}={v}" for k, v in env.items()), *args]
+    r.code, r.peak_rss = run_measured(args, log, on_line, REPO)
+    end = time.perf_counter()
+    r.wall_s = end - t0
+    start = first[0] if first else end
+    r.startup_s = start - t0
+    r.processing_s = (done[-1] if done else end) - start
+    return r
+
+
+def stateful_tasks(checkpoints: Path, figures: RunFigures) -> dict[str, str]:
+    """Each query's stateful stage's task count: as its progress lines say, else the number of state
+    store partitions in its checkpoint (one task each), else n/a."""
+    out = {}
+    for name, q in figures.queries.items():
+        if q.tasks is not None:
+            out[name] = q.tasks
+            continue
+        ops = sorted((checkpoints / name / "state").glob("*"))
+        parts = [len([p for p in op.iterdir() if p.name.isdigit()]) for op in ops if op.name.isdigit()]
+        out[name] = "+".join(map(str, parts)) if parts else "n/a (stateless)"
+    return out
+
+
+def late_rows(tables: Path) -> int:
+    import pyarrow.compute as pc
+
+    from pipeline.deltaio import read_table
+
+    return read_table(str(tables), "quarantine", columns=["reason"], filter=pc.field("reason") == "late").num_rows
+
+
+def rates(r: RunFigures, events: int) -> tuple[float, float]:
+    """(events/s over the whole process, events/s from the start of the first micro-batch on)."""
+    return events / r.wall_s, events / r.processing_s if r.processing_s > 0 else float("nan")
+
+
+def stream_args(conf: Path) -> list[str]:
+    return [str(BIN / "faultwatch"), "stream", "--config", str(conf), "--once"]
+
+
+def check(r: RunFigures, log: Path, what: str) -> bool:
+    if r.code != 0:
+        print(f"{what}: exited {r.code}; last lines of {log}:\n{log_tail(log)}", flush=True)
+    return r.code == 0
+
+
+# --- scaling ------------------------------------------------------------------------------------
+
+
+def spark_env() -> dict[str, str]:
+    """What pyspark's launch scripts need when this interpreter's bin folder is not on PATH."""
+    import pyspark
+
+    return {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+class StandaloneCluster:
+    """A Spark master and one-core workers on loopback, as tests/integration/test_bronze_process.py runs them."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.port = work, free_port()
+        self.env = {**os.environ, **spark_env(), "SPARK_LOG_DIR": str(work), "SPARK_NO_DAEMONIZE": "1"}
+        self.log = work / "cluster.log"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--webui-port", str(free_port()))
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _start(self, cls: str, *args: str) -> None:
+        with open(self.log, "ab") as out:
+            self.procs.append(subprocess.Popen([str(BIN / "spark-class"), cls, *args], stdout=out,
+                                               stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+
+    def add_worker(self) -> None:
+        workers = len(self.procs)  # the master is procs[0]
+        self._start("org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1", "--cores", "1",
+                    "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(self.work / "work"))
+        deadline = time.monotonic() + 120
+        while self.log.read_text(errors="replace").count("Successfully registered with master") < workers:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Spark worker {workers} did not register within 120s:\n{log_tail(self.log)}")
+            time.sleep(0.5)
+
+    def submit_args(self, conf: Path) -> list[str]:
+        return [str(BIN / "spark-submit"), "--master", self.url, "--conf", "spark.executor.memory=768m",
+                str(REPO / "pipeline" / "cli.py"), "stream", "--config", str(conf), "--once"]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def fresh(work: Path, name: str) -> Path:
+    data = work / name
+    shutil.rmtree(data, ignore_errors=True)
+    return data
+
+
+def scaling(bootstrap: str, work: Path, events: int, main: RunFigures) -> None:
+    """local[1] vs local[2], then a standalone cluster with one vs two one-core workers."""
+    local: dict[str, float] = {}
+    for master in ("local[1]", "local[2]"):
+        if master == Config().spark.master:
+            local[master] = rates(main, events)[1]
+            print(f"{master}: the main run above ({local[master]:,.0f} events/s)", flush=True)
+            continue
+        print(f"run: faultwatch stream --once, spark.master {master}", flush=True)
+        data = fresh(work, f"local{master[6]}")
+        log = work / f"{data.name}.log"
+        r = run_job(stream_args(write_config(work / f"{data.name}.toml", bootstrap, data, master)), log)
+        if check(r, log, master):
+            local[master] = rates(r, events)[1]
+            print(f"{master}: {local[master]:,.0f} events/s processing, {rates(r, events)[0]:,.0f} wall", flush=True)
+    if len(local) == 2:
+        print(f"ratio local[2] / local[1]: {local['local[2]'] / local['local[1]']:.2f}", flush=True)
+
+    cluster = StandaloneCluster(work)
+    standalone: dict[int, tuple[float, float]] = {}
+    try:
+        for workers in (1, 2):
+            cluster.add_worker()
+            print(f"run: spark-submit on a standalone cluster, {workers} one-core worker(s)", flush=True)
+            data = fresh(work, f"standalone{workers}")
+            conf = write_config(work / f"{data.name}.toml", bootstrap, data)
+            log = work / f"{data.name}.log"
+            r = run_job(cluster.submit_args(conf), log, env={**spark_env(), "FAULTWATCH_SPARK_MASTER": cluster.url})
+            if check(r, log, f"standalone, {workers} worker(s)"):
+                standalone[workers] = rates(r, events)
+                print(f"standalone {workers} worker(s): {standalone[workers][1]:,.0f} events/s processing, "
+                      f"{standalone[workers][0]:,.0f} wall", flush=True)
+    finally:
+        cluster.stop()
+    if len(standalone) == 2:
+        print(f"ratio standalone 2 workers / 1 worker: {standalone[2][1] / standalone[1][1]:.2f} processing, "
+              f"{standalone[2][0] / standalone[1][0]:.2f} wall", flush=True)
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def report(r: RunFigures, events: int, ceiling_rate: float, data: Path) -> None:
+    wall, processing = rates(r, events)
+    print(f"job: {events:,} events in {r.wall_s:.1f}s = {wall:,.0f} events/s wall "
+          f"({r.startup_s:.1f}s of start-up before the first micro-batch)")
+    print(f"job: {processing:,.0f} events/s processing ({r.processing_s:.1f}s from the start of the first "
+          f"micro-batch to the last commit)")
+    for name, q in r.queries.items():
+        steady = f", after its first batch {q.later_events / q.later_s:,.0f}" if q.later_s else ""
+        told = "" if q.total_events in (None, q.events) else f" (its total line: {q.total_events:,})"
+        print(f"  [{name}] {q.batches} batches, {q.events:,} events in{told}, {q.batch_s:.1f}s of batches: "
+              f"{q.events / q.batch_s if q.batch_s else float('nan'):,.0f} events/s{steady}")
+    print(f"ratio against the ceiling: {processing / ceiling_rate:.2f} processing, {wall / ceiling_rate:.2f} wall")
+    print(f"quarantine rows with reason late: {late_rows(data / 'tables'):,}")
+    print(f"peak RSS of the process tree: {r.peak_rss / 2**30:.2f} GiB")
+    tasks = ", ".join(f"{k}={v}" for k, v in stateful_tasks(data / "checkpoints", r).items())
+    print(f"stateful stage tasks: {tasks or 'n/a'}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--clusters", type=int, default=4, help="simulated clusters, one process each (13 brokers each)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="a small backlog (60k events) for a smoke run")
+    ap.add_argument("--skip-scaling", action="store_true", help="only the main run, no local[1] or standalone runs")
+    args = ap.parse_args()
+    events_wanted = 60_000 if args.quick else args.events
+    work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
+    cfg = Config()
+    print(f"bench/stream: ~{events_wanted:,} events, {args.clusters} clusters, {args.partitions} partitions, "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
+    with start_local_kafka(topics=cfg.topics.all(), partitions=args.partitions) as kafka:
+        counts = preload(kafka.bootstrap, events_wanted, args.clusters, work)
+        events = sum(counts.values())
+        secs = ceiling(kafka.bootstrap, counts)
+        print(f"ceiling, raw kafka-python consume of every event topic in one process: "
+              f"{events / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
+        print("run: faultwatch stream --once, default concerns", flush=True)
+        data = fresh(work, "main")
+        log = work / "main.log"
+        main_run = run_job(stream_args(write_config(work / "main.toml", kafka.bootstrap, data)), log)
+        if not check(main_run, log, "faultwatch stream"):
+            raise SystemExit(1)
+        report(main_run, events, events / secs, data)
+        if not args.skip_scaling:
+            scaling(kafka.bootstrap, work, events, main_run)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
