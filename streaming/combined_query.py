@@ -5,7 +5,11 @@ events into keyed chunks (:mod:`streaming.feeds`): the fault state's send result
 lag state's events per (cluster, shard). One ``applyInPandasWithState`` operator, keyed by those
 strings, runs the pure steps (:func:`pipeline.faults.step`, :func:`pipeline.lag.step`) for many
 keys on every shuffle partition at once; its output chunks and the readers' file lists meet in one
-sink that commits every table exactly once.
+sink that commits every table exactly once. The episode rules compare a broker with its peers:
+each broker key writes its grid points and the sink decides per cluster on them
+(:mod:`streaming.decisions`). A second stateful stage per cluster is not an option: Spark 4.3
+refuses two ``applyInPandasWithState`` in one query, with ``statefulOperator.allowMultiple`` too
+(checked), and an aggregation after one needs a watermark on its output.
 
 Event time comes from the source, not from Spark's max-event-time watermark: each micro-batch's
 offsets carry its settle point (:func:`streaming.kafka_source.settle_point`), which follows the
@@ -28,6 +32,7 @@ import pyarrow as pa
 from pipeline.config import Config
 from pipeline.faults import EVENT_COLUMNS, decode_state, encode_state, from_arrow_table, initial_state, step
 from pipeline.faults import is_empty as faults_empty
+from pipeline.faults.points import POINT_FIELDS
 from pipeline.lag import initial_state as lag_initial
 from pipeline.lag import is_empty as lag_empty
 from pipeline.lag import step as lag_step
@@ -50,7 +55,11 @@ STATE_DDL = "blob BINARY"
 NOW = "_now_ms"
 EVENT_TIME = "_event_time"
 # Bumped whenever the keys or the state's shape change: an older checkpoint is then refused.
-LAYOUT = 1
+LAYOUT = 2
+
+_POINT_TYPES = {"cluster": pa.string(), "broker_name": pa.string(), "bucket_errors": pa.string(),
+                "p99": pa.float64(), "seen": pa.bool_()}
+POINT_SCHEMA = pa.schema([(f, _POINT_TYPES.get(f, pa.int64())) for f in POINT_FIELDS])
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"
@@ -113,6 +122,10 @@ def _tables(frames: Iterator[pd.DataFrame]) -> tuple[dict[str, list[pa.Table]], 
     return out, settle, now
 
 
+POINTS = "_points"  # the brokers' grid points, for the cluster decision in the sink
+CLOCK = "_clock"  # the batch's settle point (``rows``), for the same
+
+
 def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:
     current = decode_state(unpack(bytes(state.get[0]))) if state.exists else initial_state(cluster)
     watermark = max(0, int(state.getCurrentWatermarkMs()))
@@ -123,20 +136,22 @@ def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Co
     sends = tables.get("send_results", [])
     events = pa.concat_tables(sends, promote_options="default").select(EVENT_COLUMNS) if sends else _empty_events()
     cols = from_arrow_table(events)
-    current, out = step(current, cols, watermark, cfg.faults, now, max(settle, watermark))
+    current, out = step(current, cols, watermark, cfg.faults, now, max(settle, watermark), points=True)
     if faults_empty(current):
         state.remove()
     else:
         state.update((pack(encode_state(current)),))
         if out.wakeup_ms is not None:
             state.setTimeoutTimestamp(max(out.wakeup_ms - 1, watermark + 1))
-    chunks = []
-    for name, rows in (("producer_fault_windows", out.windows), ("broker_fault_episodes", out.episodes),
-                       ("broker_health", out.health), ("quarantine", out.quarantine)):
-        if rows:
-            from schemas.tables import table
+    from schemas.tables import table
 
+    chunks = []
+    for name, rows in (("producer_fault_windows", out.windows), ("broker_health", out.health),
+                       ("quarantine", out.quarantine)):
+        if rows:
             chunks.append(_chunk(name, pa.Table.from_pylist(rows, schema=table(name).arrow_schema())))
+    if out.points:
+        chunks.append(_chunk(POINTS, pa.Table.from_pylist(out.points, schema=POINT_SCHEMA)))
     return chunks
 
 
@@ -200,10 +215,13 @@ def combined_function(cfg: Config) -> Any:
     def run(key: tuple[str], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         kind, *rest = parts_of(key[0])
         if kind == PASS:
+            settle = 0
             for frame in frames:
                 written = frame["_table"] == WRITTEN
+                settle = max(settle, int(frame[SETTLE].max()))
                 if written.any():
                     yield frame.loc[written, ["_table", "rows", "arrow"]]
+            yield pd.DataFrame([(CLOCK, settle, b"")], columns=["_table", "rows", "arrow"])
             return
         if kind == FAULTS:
             chunks = _fault_key(rest[0], frames, state, cfg)
@@ -244,13 +262,15 @@ def tables_of(faults: bool, lag: bool) -> list[str]:
 
 
 def _build(spark: SparkSession, cfg: Config, name: str, feeds: list[str]) -> DataStreamWriter:
-    from streaming.delta_sink import app_id, file_tag, write_routed
+    from streaming.decisions import ClusterDecisions
+    from streaming.delta_sink import app_id, checkpoint_dir, file_tag, write_routed
     from streaming.kafka_source import read_events
 
     events = read_events(spark, cfg, list(BRONZE_KINDS), name, chunked=True,
                          write_tag=file_tag(app_id(cfg, name)), feed_columns=EVENT_COLUMNS, feeds=feeds)
+    decisions = ClusterDecisions(cfg, checkpoint_dir(cfg, name), file_tag(app_id(cfg, name))) if "faults" in feeds else None
     return write_routed(build_combined_output(events, cfg), cfg, name,
-                        tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT)
+                        tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT, driver_step=decisions)
 
 
 def build_combined(spark: SparkSession, cfg: Config) -> DataStreamWriter:

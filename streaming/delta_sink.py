@@ -26,6 +26,7 @@ own Python process, where ``deltalake`` is already loaded.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -51,6 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+# driver_step(batch_id, extras) -> files: the driver's own share of a batch (see write_routed)
+DriverStep = Callable[[int, list[tuple[str, int, bytes]]], list["DataFile"]]
 COMMIT_COLUMN = "commit"  # one row per write task: its RoutedCommit as JSON
 # Route of chunk rows listing Parquet files a Kafka reader task already wrote (``arrow`` holds their
 # DataFile list as JSON, ``rows`` the Kafka records the task read): the sink only commits them.
@@ -72,14 +75,20 @@ class RoutedCommit:
 
     files: list[DataFile] = field(default_factory=list)
     events_in: int | None = None
+    # chunks for the driver (route starting with "_", other than WRITTEN): (route, rows, payload)
+    extras: list[tuple[str, int, bytes]] = field(default_factory=list)
+    listed: bool = False  # events_in counts the records Kafka readers listed (WRITTEN rows)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        obj = asdict(self)
+        obj["extras"] = [[name, n, base64.b64encode(payload).decode()] for name, n, payload in self.extras]
+        return json.dumps(obj)
 
     @classmethod
     def from_json(cls, text: str) -> RoutedCommit:
         obj = json.loads(text)
-        return cls([DataFile(**f) for f in obj["files"]], obj["events_in"])
+        extras = [(name, n, base64.b64decode(payload)) for name, n, payload in obj.get("extras", [])]
+        return cls([DataFile(**f) for f in obj["files"]], obj["events_in"], extras, bool(obj.get("listed")))
 
 
 def ensure_tables(root: str, names: Sequence[str]) -> None:
@@ -150,9 +159,11 @@ class RoutedDeltaWriter:
     """
 
     def __init__(
-        self, root: str, tables: Sequence[str], app_id: str, report_dir: str | None = None, collect: bool = False
+        self, root: str, tables: Sequence[str], app_id: str, report_dir: str | None = None, collect: bool = False,
+        driver_step: DriverStep | None = None,
     ) -> None:
         self.root = root
+        self.driver_step = driver_step
         self.collect = collect
         self.tables = list(tables)
         self.app_id = app_id
@@ -170,6 +181,7 @@ class RoutedDeltaWriter:
         """
         by_table: dict[str, list[pa.RecordBatch]] = {}
         files: list[DataFile] = []
+        extras: list[tuple[str, int, bytes]] = []
         chunk_rows: int | None = None
         records_read: int | None = None
         for batch in iterator:
@@ -184,6 +196,9 @@ class RoutedDeltaWriter:
                             self._check_route(data_file["table"])
                             files.append(DataFile(**data_file))
                         continue
+                    if name.startswith("_"):  # for the driver step, not a table
+                        extras.append((name, rows, payload))
+                        continue
                     chunk_rows = (chunk_rows or 0) + rows
                     self._check_route(name)
                     by_table.setdefault(name, []).extend(pa.ipc.open_stream(payload).read_all().to_batches())
@@ -196,7 +211,8 @@ class RoutedDeltaWriter:
         for name, batches in by_table.items():
             if batches:
                 files.extend(self._write_table(name, pa.Table.from_batches(batches), batch_id))
-        return RoutedCommit(files, chunk_rows if records_read is None else records_read)
+        return RoutedCommit(files, chunk_rows if records_read is None else records_read, extras,
+                            records_read is not None)
 
     def _file_prefix(self, batch_id: int) -> str:
         return f"part-{self.file_tag}-b{batch_id}-"
@@ -223,6 +239,8 @@ class RoutedDeltaWriter:
         if self.report_dir:
             report = {f.table: 0 for f in files} | counts
             chunked = [m.events_in for m in messages if m is not None and m.events_in is not None]
+            if any(m is not None and m.listed for m in messages):  # the readers' count, not derived rows
+                chunked = [m.events_in for m in messages if m is not None and m.listed and m.events_in is not None]
             if chunked:
                 report["_events_in"] = sum(chunked)
             _write_report(self.report_dir, batchId, report)
@@ -297,6 +315,9 @@ class RoutedDeltaWriter:
                 else:
                     rows = batch_df.mapInArrow(write_task, f"{COMMIT_COLUMN} string").collect()
                     messages = [RoutedCommit.from_json(r[COMMIT_COLUMN]) for r in rows]
+                if self.driver_step is not None:
+                    extras = [x for m in messages for x in m.extras]
+                    messages.append(RoutedCommit(self.driver_step(batch_id, extras)))
             except Exception:
                 self.discard(batch_id)
                 raise
@@ -327,12 +348,13 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
 
 def write_routed(
     df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None,
-    collect: bool = False, layout: int | None = None,
+    collect: bool = False, layout: int | None = None, driver_step: DriverStep | None = None,
 ) -> DataStreamWriter:
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing).
 
     ``layout``: the version of the query's state layout, kept in its checkpoint; a checkpoint of
-    another layout is refused (see :func:`check_layout`).
+    another layout is refused (see :func:`check_layout`). ``driver_step(batch_id, extras)``: runs
+    on the driver after the write job, before the commits, and returns more files to commit.
     """
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
@@ -340,7 +362,8 @@ def write_routed(
     check_other_writers(cfg, name, tables)
     if layout is not None:
         check_layout(checkpoint, name, layout)
-    writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect)
+    writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
+                               driver_step)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)

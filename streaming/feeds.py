@@ -78,10 +78,10 @@ def encode_dictionary(rows: pa.Table, names: Sequence[str]) -> pa.Table:
 
 
 def fault_feed(send_results: pa.Table, columns: Sequence[str]) -> list[tuple[str, str, pa.Table]]:
-    """(key, table, rows) per cluster: the fault step's columns of the send results."""
+    """(key, table, rows) per (cluster, broker): the fault step's columns of the send results."""
     out = []
-    for (cluster,), part in split_by(send_results, ("cluster",)):
-        out.append((key_of(FAULTS, cluster), "send_results",
+    for (cluster, broker), part in split_by(send_results, ("cluster", "broker_name")):
+        out.append((key_of(FAULTS, cluster, broker), "send_results",
                     encode_dictionary(part.select(list(columns)), FAULT_DICTIONARY)))
     return out
 

@@ -49,6 +49,13 @@ OVERLAPPING = {"combined": ("bronze_faults", "bronze", "faults", "lag"), "bronze
 STATE_PARTITIONS = {"faults": 1}
 
 
+def to_restart(failed: dict[str, str], retries: dict[str, int]) -> list[str]:
+    """The failed queries to start again: all of them, if each failed only because a Python
+    worker started too slowly and has retries left; none if any failed for another reason."""
+    again = [n for n, message in failed.items() if TRANSIENT in message and retries.get(n, 0) < START_RETRIES]
+    return again if len(again) == len(failed) else []
+
+
 def start_query(spark: SparkSession, name: str, writer: DataStreamWriter, **trigger: Any) -> StreamingQuery:
     """Start concern ``name``'s writer; Spark copies the session's settings when a query starts."""
     partitions = STATE_PARTITIONS.get(name)
@@ -64,6 +71,10 @@ def start_query(spark: SparkSession, name: str, writer: DataStreamWriter, **trig
 
 
 WARM_JOB_GROUP = "faultwatch-warm-workers"
+# Spark waits a fixed 10 s for a new Python worker to connect back; on a saturated machine its
+# imports can take longer. The query is then restarted from its checkpoint, up to this many times.
+TRANSIENT = "Python worker failed to connect back"
+START_RETRIES = 3
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:
@@ -231,14 +242,24 @@ def run_stream(
         stop["requested"] = True
 
     previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    trigger = {"availableNow": True} if once else {"processingTime": f"{cfg.stream.trigger_interval_s} seconds"}
     try:
         for name, writer in writers.items():
-            trigger = {"availableNow": True} if once else {"processingTime": f"{cfg.stream.trigger_interval_s} seconds"}
             queries[name] = start_query(spark, name, writer, **trigger)
         warm_python_workers(spark)
         print(f"started: {', '.join(queries)} ({'until caught up' if once else 'until stopped'})", file=out)
         deadline = None if duration_s is None else time.monotonic() + duration_s
-        failed = _watch(queries, progress, stop, deadline, out, on_tick)
+        retries = {name: 0 for name in queries}
+        while True:
+            failed = _watch(queries, progress, stop, deadline, out, on_tick)
+            again = to_restart(failed, retries)
+            if not again:
+                break
+            for name in again:  # the checkpoint makes a restart exact: nothing is lost or doubled
+                retries[name] += 1
+                print(f"[{name}] a Python worker did not start within Spark's 10 s (a busy machine?); "
+                      f"restarting the query, attempt {retries[name]} of {START_RETRIES}", file=out, flush=True)
+                queries[name] = start_query(spark, name, writers[name], **trigger)
     finally:
         for q in queries.values():
             if q.isActive:

@@ -10,10 +10,13 @@ The JVM Kafka connector cannot be installed here (no Maven), so this reader does
   kafka-python's own unpacking, ~1.7x as fast);
 - records are decoded and validated in the reader (:mod:`streaming.decode`), so the output rows are
   already routed to their bronze table or to quarantine, and come out as Arrow record batches;
-- write mode (option ``write_root``, used by ``bronze`` and ``bronze_faults``): each task writes its
-  rows as Parquet into the tables' folders itself and emits only the list of files for the sink to
-  commit, plus chunks of the ``feed_tables`` for a stateful step (see
-  ``KafkaEventReader._read_and_write``).
+- write mode (option ``write_root``, used by ``bronze``, ``bronze_faults`` and ``combined``): each
+  task writes its rows as Parquet into the tables' folders itself and emits only the list of files
+  for the sink to commit, plus the events a stateful step reads: with option ``feeds``, cut into
+  chunks per state key (:mod:`streaming.feeds`; see ``KafkaEventReader._read_and_write``);
+- event time (option ``event_time``): each micro-batch's offsets carry its settle point
+  (:func:`settle_point`), which follows the slowest partition still being read, so cutting a
+  backlog into micro-batches makes no on-time event late.
 
 The end of a partition is learnt from a fetch's high watermark, not from ListOffsets: Tansu answers
 ListOffsets wrongly when the last batch holds several records, and the fetch answer is right on Tansu

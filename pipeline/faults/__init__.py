@@ -1,8 +1,10 @@
 """Live per-broker fault state: producer windows, broker episodes and health, as pure functions.
 
-``step(state, events, watermark_ms, cfg)`` advances one cluster's state by one micro-batch and
-returns the rows to append; :mod:`streaming.faults_query` is the Spark shim around it. Every
-RocketMQ rule comes from :mod:`pipeline.rocketmq`; nothing here imports Spark or Kafka.
+``step(state, events, watermark_ms, cfg)`` advances one cluster's state (or, with ``points``, one
+broker's) by one micro-batch and returns the rows to append; :func:`cluster.cluster_step` decides
+a cluster's episodes over its brokers' grid points. :mod:`streaming.combined_query` and
+:mod:`streaming.faults_query` are the Spark shims around them. Every RocketMQ rule comes from
+:mod:`pipeline.rocketmq`; nothing here imports Spark or Kafka.
 """
 
 from pipeline.faults.codec import (

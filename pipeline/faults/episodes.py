@@ -371,13 +371,20 @@ def evaluate(
 
     ``episodes`` (open ones, by broker) is updated in place.
     """
+    if len(ticks) == 0 or not brokers:
+        return []
+    return evaluate_points(episodes, ticks.tolist(), points_at(ticks, log, windows, brokers, errors, cfg), cfg)
+
+
+def evaluate_points(
+    episodes: dict[int, Episode], ticks: list[int], points: list[dict[int, Point]], cfg: FaultsConfig
+) -> list[Episode]:
+    """The rules at each grid point over its brokers' :class:`Point` (``points[k]`` at ``ticks[k]``);
+    returns the episodes closed on the way, ``episodes`` is updated in place."""
     interval = int(cfg.evaluation_interval_s * 1000)
     closed: list[Episode] = []
-    if len(ticks) == 0 or not brokers:
-        return closed
-    points = points_at(ticks, log, windows, brokers, errors, cfg)
-    for k, t in enumerate(ticks.tolist()):
-        for b in brokers:
+    for k, t in enumerate(ticks):
+        for b in sorted(points[k]):
             reason = signal(b, points[k], cfg)
             ep, done = advance_episode(episodes.get(b), b, t, reason, points[k][b], cfg, interval)
             if ep is None:

@@ -17,22 +17,21 @@ after a crash produces the same rows. Order of work:
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from pipeline.config import FaultsConfig
+from pipeline.faults import decide, health, intake, pairs, windows
 from pipeline.faults import episodes as ep_mod
 from pipeline.faults import events as ev
-from pipeline.faults import health, intake, pairs, windows
+from pipeline.faults.decide import Suspect
 from pipeline.faults.frame import Cols, concat, empty, nrows, take
+from pipeline.faults.points import forecast
 from schemas.events import SEND_STATUSES
 
 NONE = -1
-# A suspected episode: (broker code, opened grid point, revision of its last row, still suspected, reason).
-Suspect = tuple[int, int, int, bool, str]
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,7 @@ class FaultOutputs:
     quarantine: list[dict[str, Any]]
     wakeup_ms: int | None  # the watermark at which the state wants a step without events
     stats: dict[str, int]
+    points: list[dict[str, Any]] = field(default_factory=list)  # per-broker grid points (points mode)
 
 
 def initial_state(cluster: str) -> FaultState:
@@ -118,6 +118,7 @@ def step(
     cfg: FaultsConfig,
     now_ms: int | None = None,
     advance_to_ms: int | None = None,
+    points: bool = False,
 ) -> tuple[FaultState, FaultOutputs]:
     """One micro-batch of one cluster: the new state and the rows to append (see module doc).
 
@@ -125,6 +126,9 @@ def step(
     watermark the next batch will use (it already counts this batch's events): windows, minutes and
     grid points up to it are settled now instead of one batch later. It becomes the state's
     watermark, so the next step cannot accept anything at or before it.
+
+    With ``points`` (a state that holds one broker), episodes are not decided here: the step writes
+    the broker's grid points (:mod:`pipeline.faults.points`) for :mod:`pipeline.faults.cluster`.
     """
     wm = max(int(watermark_ms), state.watermark_ms)
     settle = max(wm, int(advance_to_ms)) if advance_to_ms is not None else wm
@@ -153,7 +157,10 @@ def step(
         revision, _Facts(log),
     )
     changes = windows.WindowChanges()
-    wins = windows.apply_updates(state.windows, updates, wm, meta, changes)
+    # windows the watermark has passed close before this batch's updates (all later than it) apply:
+    # a state stepped late (no events for a while) writes its rows in event-time order too
+    wins = windows.finalize(state.windows, wm, meta, changes)
+    wins = windows.apply_updates(wins, updates, wm, meta, changes)
     wins = windows.finalize(wins, settle, meta, changes)
     table["revision"] = np.asarray([revision[p] for p in table["pair"].tolist()], dtype=np.int64)
     if nrows(wins):
@@ -162,7 +169,15 @@ def step(
         np.maximum.at(last_end, pos[known], wins["end"][known])
         table["last_window_end"] = np.maximum(table["last_window_end"], last_end)
     next_minute, health_rows = _health(state, log, wins, settle, brokers, errors, cfg)
-    last_tick, episodes, suspects, ahead_tick, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
+    point_rows: list[dict[str, Any]] = []
+    if points:
+        if nrows(new):
+            point_rows = forecast(log, wins, wm, state.cluster, brokers[0] if brokers else "", errors, cfg)
+        interval = int(cfg.evaluation_interval_s * 1000)
+        # the grid is decided elsewhere; this keeps the log rows later forecasts read (see _forget)
+        last_tick, episodes, suspects, ahead_tick, episode_rows = (settle // interval) * interval, state.episodes, (), NONE, []
+    else:
+        last_tick, episodes, suspects, ahead_tick, episode_rows = _episodes(state, log, wins, settle, brokers, errors, cfg)
     table, log, wins = _forget(table, log, wins, wm, settle, next_minute, last_tick, cfg)
     out_state = replace(
         state, watermark_ms=settle, next_serial=state.next_serial + nrows(new), next_pair=next_pair,
@@ -170,7 +185,7 @@ def step(
         pairs=table, log=log, windows=wins, episodes=episodes, suspects=suspects, ahead_tick=ahead_tick,
     )
     outputs = FaultOutputs(changes.rows, episode_rows, health_rows, quarantine,
-                           _wakeup(out_state, cfg), stats_of(out_state))
+                           _wakeup(out_state, cfg), stats_of(out_state), point_rows)
     return out_state, outputs
 
 
@@ -206,25 +221,15 @@ def _episodes(
             return NONE, state.episodes, state.suspects, state.ahead_tick, []
         last = ((int(log["ts"].min()) - 1) // interval) * interval
     top = max(last, (wm // interval) * interval)
+    head = ((int(log["ts"].max()) if nrows(log) else top) // interval) * interval
     open_eps = ep_mod.episodes_from_table(state.episodes)
-    closed = _evaluate_grid(open_eps, log, wins, last, top, errors, cfg)
-    rows = []
-    # a confirmed episode continues the revisions of its suspicion (same id, same opening point)
-    suspected = {(b, opened): rev for b, opened, rev, _, _ in state.suspects}
-    for e in [*closed, *open_eps.values()]:
-        if e.revision == 0 and (e.broker, e.opened) in suspected:
-            e.revision = suspected[(e.broker, e.opened)] + 1
-    for e in closed:
-        rows.append(ep_mod.episode_row(e, state.cluster, brokers, int(e.closed), _brokers_seen(log, int(e.closed), cfg)))
-        e.revision += 1
-    for b in sorted(open_eps):
-        e = open_eps[b]
-        if e.changed:
-            rows.append(ep_mod.episode_row(e, state.cluster, brokers, top, _brokers_seen(log, top, cfg)))
-            e.revision += 1
-            e.changed = False
-    suspects, early_rows, ahead_tick = _look_ahead(state, log, wins, top, open_eps, closed, brokers, errors, cfg)
-    return top, ep_mod.episodes_to_table(open_eps), suspects, ahead_tick, rows + early_rows
+    decision = decide.decide(
+        decide.Decision(last, state.ahead_tick, state.suspects), open_eps, top, head, state.cluster, brokers,
+        lambda eps, after, until: _evaluate_grid(eps, log, wins, after, until, errors, cfg),
+        lambda t: _brokers_seen(log, t, cfg),
+    )
+    return (decision.last_tick, ep_mod.episodes_to_table(open_eps), decision.suspects, decision.ahead_tick,
+            decision.rows)
 
 
 def _evaluate_grid(
@@ -258,70 +263,6 @@ def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
     since = t - int(cfg.active_producer_window_s * 1000)
     seen = (log["ts"] > since) & (log["ts"] <= t)
     return int(np.unique(log["broker"][seen]).size)
-
-
-def _look_ahead(
-    state: FaultState, log: Cols, wins: Cols, top: int, open_eps: dict[int, ep_mod.Episode],
-    closed: list[ep_mod.Episode], brokers: tuple[str, ...], errors: tuple[str, ...], cfg: FaultsConfig,
-) -> tuple[tuple[Suspect, ...], list[dict[str, Any]], int]:
-    """Suspicions: episodes the rules open at grid points after the watermark, on the events so far.
-
-    The watermark waits ``stream.watermark_delay_s`` for late events before a grid point is decided;
-    a broker that just went down should not wait that long to be reported. So the grid points up to
-    the newest event are evaluated too, on a copy: an episode opening there is written as
-    "suspected" (same id the decision will use). When the watermark reaches its grid point, the
-    decision either confirms it (its "open" row follows with a higher revision) or not (a
-    "withdrawn" row). Nothing else depends on a suspicion: batching never changes what is decided.
-
-    The look-ahead runs when the newest event has passed a grid point it has not evaluated yet: with
-    a 1 s trigger, a 30 s watermark and a 5 s grid it would otherwise evaluate the same six points
-    in every batch. Returns (suspicions, rows, the grid point it has looked up to).
-    """
-    interval = int(cfg.evaluation_interval_s * 1000)
-    head = ((int(log["ts"].max()) if nrows(log) else top) // interval) * interval
-    ahead: dict[int, ep_mod.Episode] = {}
-    fresh = head > max(top, state.ahead_tick)
-    if fresh:
-        early = copy.deepcopy(open_eps)
-        _evaluate_grid(early, log, wins, top, head, errors, cfg)
-        ahead = {b: e for b, e in early.items() if b not in open_eps and e.opened > top}
-    decided = {(e.broker, e.opened) for e in [*closed, *open_eps.values()]}
-    rows: list[dict[str, Any]] = []
-    kept: list[Suspect] = []
-    seen: list[int] = []  # the cluster's broker count at head, counted once if a row needs it
-
-    def seen_at() -> int:
-        if not seen:
-            seen.append(_brokers_seen(log, head, cfg))
-        return seen[0]
-
-    def withdraw(b: int, opened: int, rev: int, reason: str, at: int) -> None:
-        gone = ep_mod.Episode(b, opened, opened, reason, closed=opened, revision=rev + 1)
-        rows.append(ep_mod.episode_row(gone, state.cluster, brokers, at, seen_at(), state="withdrawn"))
-
-    for b, opened, rev, active, reason in state.suspects:
-        if opened <= top:  # decided now: confirmed (revisions continue above) or withdrawn
-            if active and (b, opened) not in decided:
-                withdraw(b, opened, rev, reason, top)
-            continue
-        if not fresh:  # nothing new to look at: it stands as it was
-            kept.append((b, opened, rev, active, reason))
-            continue
-        still = b in ahead and ahead[b].opened == opened
-        if active and not still:  # newer events no longer bear it out (it may come back)
-            withdraw(b, opened, rev, reason, head)
-            rev += 1
-        elif still and not active:
-            ahead[b].revision = rev + 1
-            rows.append(ep_mod.episode_row(ahead[b], state.cluster, brokers, head, seen_at(), state="suspected"))
-            rev += 1
-        kept.append((b, opened, rev, still, ahead[b].reason if still else reason))
-    known = {(k[0], k[1]) for k in kept}
-    for b, e in sorted(ahead.items()):
-        if (b, e.opened) not in known:
-            rows.append(ep_mod.episode_row(e, state.cluster, brokers, head, seen_at(), state="suspected"))
-            kept.append((b, e.opened, e.revision, True, e.reason))
-    return tuple(kept), rows, max(state.ahead_tick, head)
 
 
 def _forget(

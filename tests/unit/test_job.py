@@ -61,3 +61,13 @@ def test_warming_the_python_workers_runs_one_job_in_the_background(spark) -> Non
     jobs = tracker.getJobIdsForGroup(WARM_JOB_GROUP)
     assert jobs, "the warm-up job did not run"
     assert all(tracker.getJobInfo(j).status == "SUCCEEDED" for j in jobs)
+
+
+def test_a_query_whose_python_worker_started_too_slowly_is_started_again_a_few_times() -> None:
+    from streaming.job import START_RETRIES, TRANSIENT, to_restart
+
+    slow = {"combined": f"{TRANSIENT}."}
+    assert to_restart(slow, {"combined": 0}) == ["combined"]
+    assert to_restart(slow, {"combined": START_RETRIES}) == []
+    assert to_restart({"combined": "ValueError: bad"}, {"combined": 0}) == []
+    assert to_restart({**slow, "lag": "ValueError: bad"}, {"combined": 0, "lag": 0}) == []

@@ -1,0 +1,78 @@
+"""The cluster decisions of the combined query, run in its sink on the driver.
+
+The fault state is keyed per (cluster, broker); the episode rules compare brokers, so each
+broker's step writes its grid points and :func:`pipeline.faults.cluster.cluster_step` decides
+per cluster on them, here, once per micro-batch: a few rows per broker instead of every event
+through one task. Its state (JSON, small) is saved in the checkpoint per batch id BEFORE the Delta
+commits: a batch replayed after a crash starts again from the state of the batch before it and
+writes the same rows, which the commits then skip as a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config import Config
+from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
+from streaming.delta_sink import DataFile, write_table_files
+
+FOLDER = "faultwatch-decisions"
+KEEP = 100  # state files kept (a replay needs only the one before its batch)
+POINTS, CLOCK = "_points", "_clock"
+
+
+class ClusterDecisions:
+    """``driver_step`` of the combined query's sink: extras in, episode files out."""
+
+    def __init__(self, cfg: Config, checkpoint: str, file_tag: str) -> None:
+        self.cfg = cfg
+        self.root = cfg.storage.root
+        self.folder = Path(checkpoint) / FOLDER
+        self.file_tag = file_tag
+
+    def _load(self, batch_id: int) -> tuple[dict[str, ClusterState], int]:
+        """The state after the newest batch before ``batch_id`` (and its settle point)."""
+        if not self.folder.exists():
+            return {}, 0
+        ids = sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit() and int(p.stem) < batch_id)
+        if not ids:
+            return {}, 0
+        doc = json.loads((self.folder / f"{ids[-1]}.json").read_text())
+        return loads(doc["clusters"]), int(doc["settle_ms"])
+
+    def _save(self, batch_id: int, states: dict[str, ClusterState], settle: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{batch_id}.json.tmp"
+        tmp.write_text(json.dumps({"clusters": dumps(states), "settle_ms": settle}))
+        os.replace(tmp, self.folder / f"{batch_id}.json")
+        (self.folder / f"{batch_id - KEEP}.json").unlink(missing_ok=True)
+
+    def __call__(self, batch_id: int, extras: list[tuple[str, int, bytes]]) -> list[DataFile]:
+        states, settle = self._load(batch_id)
+        rows: list[dict[str, Any]] = []
+        for name, value, payload in extras:
+            if name == CLOCK:
+                settle = max(settle, value)
+            elif name == POINTS:
+                rows += pa.ipc.open_stream(pa.py_buffer(payload)).read_all().to_pylist()
+        by_cluster: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_cluster.setdefault(row["cluster"], []).append(row)
+        episodes: list[dict[str, Any]] = []
+        for cluster in sorted(set(states) | set(by_cluster)):
+            state = states.get(cluster) or ClusterState(cluster)
+            states[cluster], out = cluster_step(state, by_cluster.get(cluster, []), settle, self.cfg.faults)
+            episodes += out
+        self._save(batch_id, states, settle)
+        if not episodes:
+            return []
+        from schemas.tables import table
+
+        data = pa.Table.from_pylist(episodes, schema=table("broker_fault_episodes").arrow_schema())
+        prefix = f"part-{self.file_tag}-b{batch_id}-decided"
+        return write_table_files(self.root, "broker_fault_episodes", data, lambda i: f"{prefix}-{i}")
