@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import threading
 import types
 from collections.abc import Mapping
@@ -98,7 +99,13 @@ def publish(snapshot: Snapshot, cfg: Config) -> Published:
 
 
 def _child(cfg: Config, conn: Connection) -> None:
-    """The refresh loop of the child process; ends when the parent says so or goes away."""
+    """The refresh loop of the child process; ends when the parent says so or goes away.
+
+    It runs at a lower CPU priority: on a busy machine the scheduler then serves requests first
+    and the refresh takes what is left (a refresh a little late beats a request a little late).
+    """
+    if hasattr(os, "nice"):
+        os.nice(10)
     refresher = Refresher(cfg)
     while True:
         try:
