@@ -207,13 +207,17 @@ def _groups(
 
 
 def _worst_queue(row: Mapping[str, Any], queues: Sequence[Queue]) -> Queue | None:
-    """The queue the lag query named worst; failing that, the one with the most lag."""
-    for q in queues:
-        if (q.topic, q.broker, q.queue_id) == (row.get("worst_topic"), row.get("worst_broker"), row.get("worst_queue_id")):
-            return q
-    if row.get("worst_topic") is not None and row.get("worst_queue_id") is not None:
-        return Queue(row["worst_topic"], "main", row.get("worst_broker") or "", int(row["worst_queue_id"]),
-                     row.get("status") or "UNKNOWN", None, None, row.get("worst_owner"), int(row["ts_ms"]), None)
+    """Burrow's maxlag queue when the row names one, else the lag query's worst queue, else the
+    queue with the most lag."""
+    for prefix in ("maxlag", "worst"):
+        key = (row.get(f"{prefix}_topic"), row.get(f"{prefix}_broker"), row.get(f"{prefix}_queue_id"))
+        if key[0] is None or key[2] is None:
+            continue
+        for q in queues:
+            if (q.topic, q.broker, q.queue_id) == key:
+                return q
+        return Queue(key[0], "main", key[1] or "", int(key[2]), row.get("status") or "UNKNOWN",
+                     row.get("max_lag"), None, row.get("worst_owner"), int(row["ts_ms"]), None)
     lagging = [q for q in queues if q.lag is not None]
     return max(lagging, key=lambda q: (q.lag, q.time_lag_ms or 0)) if lagging else None
 

@@ -27,6 +27,7 @@ from pipeline.serve.follow import latest_per_key
 from pipeline.serve.snapshot import Refresher, health
 from pipeline.serve.state import avoided_brokers
 from pipeline.simulate import run_to_memory
+from schemas.tables import table
 from tests.unit.test_report import _write, write_silver
 
 CLUSTER = "DefaultCluster"
@@ -176,6 +177,22 @@ def test_api_is_shaped_like_burrows(served: Any) -> None:
     by_name = {b["broker"]: b for b in brokers["brokers"]}
     assert sorted(by_name) == ["broker-a", "broker-b", "broker-c", "broker-d"]
     assert by_name["broker-b"]["episodes_confirmed"] == 1 and by_name["broker-b"]["avoidance_recommended"]
+
+
+def test_burrow_columns_of_group_status_are_used_when_present(tmp_path: Path) -> None:
+    write_outage_tables(tmp_path)
+    columns = {f.name for f in table("group_status").fields}
+    row = {"cluster": CLUSTER, "consumer_group": "CG_burrow", "ts_ms": int(time.time() * 1000), "status": "WARN",
+           "total_lag": 70, "queues": 2, "event_date": "2026-01-01", "complete": 0.5, "burrow_status": "WARN",
+           "max_lag": 60, "maxlag_topic": "TopicPay", "maxlag_broker": "broker-c", "maxlag_queue_id": 3}
+    _write(tmp_path / "tables", "group_status", [{k: v for k, v in row.items() if k in columns}])
+    state = Refresher(serve_config(tmp_path)).refresh_once().state
+    group = state.clusters[CLUSTER].groups["CG_burrow"]
+    if "complete" not in columns:  # an older table: nothing to read, nothing invented
+        assert group.complete is None
+        return
+    assert group.complete == 0.5 and group.extra.get("burrow_status") == "WARN"
+    assert (group.worst.topic, group.worst.broker, group.worst.queue_id, group.worst.lag) == ("TopicPay", "broker-c", 3, 60)
 
 
 def test_avoidance_answer_is_the_published_file(served: Any, tmp_path: Path) -> None:
