@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import hmac
 import logging
+import signal
 import ssl
 import threading
 import time
@@ -208,6 +209,9 @@ class Server:
     async def _serve(self, on_ready: Callable[[str], None] | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():  # `faultwatch serve`: stop cleanly
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._stopping.set)
         runner = web.AppRunner(build_app(self.cfg, self.refresher), access_log=None, handle_signals=False)
         await runner.setup()
         try:
