@@ -257,7 +257,7 @@ def main() -> None:
         args.only or "", "half /metrics, half a random group's status")
     pace = f"{args.rate:g} requests/s in all" if args.rate else "each as fast as answered"
     print(f"load: {args.concurrency} concurrent clients ({pace}) for {args.seconds:.0f}s, {mix} (/metrics is "
-          f"{body / 1e6:.2f} MB); refresh every {args.refresh_interval:g}s, "
+          f"{body / 1e6:.2f} MB, gzip-compressed for these clients as for Prometheus); refresh every {args.refresh_interval:g}s, "
           f"{'no writes' if args.no_writer else 'new rows committed every 2s'}; "
           f"{int(latencies['errors'][0])} non-200 answers")
     total = 0

@@ -106,7 +106,10 @@ class Routes:
         snap = self._snapshot()
         if snap is None:
             return web.Response(status=503, text="no refresh of the tables has finished yet\n")
-        return web.Response(body=snap.metrics, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+        headers = {"Content-Type": CONTENT_TYPE_PLAIN_0_0_4, "Vary": "Accept-Encoding"}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            return web.Response(body=snap.metrics_gzip, headers={**headers, "Content-Encoding": "gzip"})
+        return web.Response(body=snap.metrics, headers=headers)
 
     async def page(self, request: web.Request) -> web.Response:
         snap = self._snapshot()

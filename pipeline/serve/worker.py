@@ -10,6 +10,7 @@ paths and for ``/healthz``. The serving process only swaps it in.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import multiprocessing as mp
 import os
@@ -51,6 +52,7 @@ class Published:
     state: ServeState
     refresh: RefreshStats
     metrics: bytes
+    metrics_gzip: bytes
     page: bytes
     answers: Mapping[str, api.Answer]
 
@@ -95,7 +97,9 @@ def publish(snapshot: Snapshot, cfg: Config) -> Published:
     state = snapshot.state
     answers = {path: answer(state, path, route, snapshot.avoidance_raw) for path, route in api_paths(state).items()}
     page = render_page(state, health(snapshot, cfg, state.now_ms), cfg.serve.page_refresh_s)
-    return Published(_names_only(state), snapshot.refresh, snapshot.metrics, page, answers)
+    # Prometheus asks for gzip: ~15x smaller, compressed once here instead of once per scrape.
+    metrics_gzip = gzip.compress(snapshot.metrics, compresslevel=1)
+    return Published(_names_only(state), snapshot.refresh, snapshot.metrics, metrics_gzip, page, answers)
 
 
 def _child(cfg: Config, conn: Connection) -> None:

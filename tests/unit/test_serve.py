@@ -7,6 +7,7 @@ for the queries); the server runs in-process on a free port and is called with u
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import time
 import urllib.error
@@ -145,6 +146,11 @@ def test_metrics_follow_prometheus_conventions_and_match_the_tables(served: Any)
     for name, _labels in samples:
         assert name.startswith("faultwatch_")
         assert not name.endswith("_ms"), name
+    # Prometheus asks for gzip: the same text, compressed.
+    request = urllib.request.Request(url + "metrics", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(resp.read()) == body
 
 
 def test_worst_queue_series_are_bounded(tmp_path: Path) -> None:
