@@ -16,12 +16,10 @@ not the batch id, and :func:`write_table_files` keeps a file that is already the
 batch reads the same ranges and so reuses, never duplicates, them. A failed batch's reader files are left for that
 replay; if the query never runs again they stay uncommitted, invisible to readers, until ``vacuum``.
 
-Why ``foreachBatch`` and not a Python Data Source writer (which this sink was until Nov 2026): the
-writer needs two more Python planner daemons at query start (``write_into_data_source`` and the
-commit runner), each a fresh interpreter. Measured on this 2-core machine, the first micro-batch of
-the bronze query took 10.4-12.1 s instead of 13.9-14.7 s, and the whole 1M-event ``--once`` run
-23.2-25.3 s instead of 26.5-28.1 s; later batches cost the same. The commit now runs in the driver's
-own Python process, where ``deltalake`` is already loaded.
+Why ``foreachBatch`` and not a Python Data Source writer: the writer needs two more Python planner
+daemons at query start (``write_into_data_source`` and the commit runner), each a fresh
+interpreter, which delays the first micro-batch (docs/performance.md); the commit runs in the
+driver's own Python process, where ``deltalake`` is already loaded.
 """
 
 from __future__ import annotations
@@ -154,8 +152,7 @@ class RoutedDeltaWriter:
 
     With ``collect`` the batch's rows are collected to the driver and written there: for input
     that is (almost) only ``WRITTEN`` listings, such as the ``bronze`` query's. A write job would
-    start a second Python worker beside each reader task only to pass one listing on; on this
-    2-core machine that cost the 1M-event ``--once`` run 15.0-15.2 s against 11.9-13.0 s.
+    start a second Python worker beside each reader task only to pass one listing on.
     """
 
     def __init__(

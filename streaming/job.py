@@ -84,9 +84,8 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     after another, the source's Python runner, asks Kafka for offsets, plans the read in another
     Python process, and only then starts the executors' worker daemon and its workers (~1.3 s on
     this 2-core machine, with one core idle meanwhile). This job does that last step during the
-    rest; the query's tasks then get the idle workers (Spark keeps them for reuse). Measured with
-    ``bench/ingest.py`` (1M events, bronze), 3 pairs alternated: first micro-batch 5.1-5.2 s
-    against 6.4-7.5 s, bronze 89.8-93.2k events/s against 69.2-85.1k.
+    rest; the query's tasks then get the idle workers (Spark keeps them for reuse); the first
+    micro-batch comes ~1.3-2 s sooner (docs/performance.md).
     """
 
     def run() -> None:
