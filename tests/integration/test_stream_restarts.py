@@ -53,6 +53,7 @@ BRONZE_KEYS: dict[str, tuple[str, ...]] = {
 # schemas/lag.py: every time in them is event time), so no column is dropped.
 
 BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch \d+: in=", re.MULTILINE)
+WAIT_FOR = {"first": re.compile(r"^started: ", re.MULTILINE), "mid": BATCH_LINE}
 # What a start that failed by itself leaves in its log: the CLI's own failure line
 # (streaming/job.py prints "faultwatch stream: query NAME failed: ..."), a Python traceback (from the
 # driver or a Python worker), or a Spark ERROR line (a failed task or query).
@@ -64,19 +65,23 @@ FAILURE = re.compile(
 
 
 def _plan(rng: random.Random) -> list[tuple[str, float]]:
-    """The starts in order: ("startup", seconds after launch), ("mid", seconds after the start's first
-    batch line) or ("end", 0: run to the end). Twenty in all, eighteen of them killed; start-up kills
-    come cheap (no batch to wait for), so they are the most."""
-    first = [("startup", rng.uniform(1.0, 14.0)) for _ in range(8)]
-    first += [("mid", rng.uniform(0.0, 3.0)) for _ in range(7)]
+    """The starts in order, each with its kill delay: ("startup", seconds after launch), ("first",
+    seconds after the "started:" line: the first micro-batch, often a replay), ("mid", seconds after
+    the start's first batch line), or ("end", 0: run to the end). Twenty in all, eighteen killed;
+    start-up kills come cheapest (no batch to wait for), so they are the most."""
+    first = [("startup", rng.uniform(1.0, 12.0)) for _ in range(6)]
+    first += [("first", rng.uniform(0.0, 6.0)) for _ in range(4)]
+    first += [("mid", rng.uniform(0.0, 3.0)) for _ in range(4)]
     rng.shuffle(first)
     # After the first run to the end the backlog is done: the starts then only recover the checkpoint.
-    then = [("startup", rng.uniform(1.0, 14.0)) for _ in range(3)]
+    then = [("startup", rng.uniform(1.0, 12.0)) for _ in range(2)] + [("first", rng.uniform(0.0, 4.0)) for _ in range(2)]
+    rng.shuffle(then)
     return [*first, ("end", 0.0), *then, ("end", 0.0)]
 
 
 def _stream(conf: Path, log: Path) -> subprocess.Popen[bytes]:
-    return start_faultwatch("stream", "--config", str(conf), "--once", log=log)
+    # Unbuffered, so that the "started:" line reaches the log when it is printed.
+    return start_faultwatch("stream", "--config", str(conf), "--once", log=log, env={"PYTHONUNBUFFERED": "1"})
 
 
 def _read(log: Path) -> str:
@@ -117,9 +122,10 @@ def _run_start(kind: str, delay_s: float, conf: Path, log: Path) -> str:
     """One start; returns how it ended: "killed" or "completed" (exited 0 by itself)."""
     proc = _stream(conf, log)
     try:
-        if kind == "mid":
-            alive = _wait(lambda: BATCH_LINE.search(_read(log)) is not None, proc, RUN_TIMEOUT_S)
-            kind = "startup" if alive else "end"  # no batch line: the backlog was done already
+        mark = WAIT_FOR.get(kind)
+        if mark is not None:  # the moment the delay counts from
+            alive = _wait(lambda: mark.search(_read(log)) is not None, proc, RUN_TIMEOUT_S)
+            kind = "startup" if alive else "end"  # it ended first, e.g. nothing left to read
         if kind == "startup":
             deadline = time.monotonic() + delay_s
             alive = _wait(lambda: time.monotonic() >= deadline, proc, delay_s + 5)
