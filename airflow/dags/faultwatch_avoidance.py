@@ -1,6 +1,6 @@
 """faultwatch avoidance publisher: every minute, load → recommend → validate → publish (+ alerts).
 
-Thin on purpose (STYLE.md §11): each task calls one ``pipeline.publish`` step, and everything heavy
+Thin on purpose: each task calls one ``pipeline.publish`` step, and everything heavy
 (deltalake, kafka, great_expectations, the pipeline itself) is imported inside the tasks, so parsing
 this file makes no connection and stays fast. Values between tasks are small JSON (XCom).
 
