@@ -2,23 +2,14 @@
 
     .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling]
 
-1. starts a local broker (Tansu) and preloads a backlog built by the simulator: ``--clusters``
-   instances of ``bench/stream_backlog.toml`` (13 brokers, 40 producers, 13 consumer groups, one
-   broker outage, one group falling behind), one process each, each under its own cluster name,
-   stretched in simulated time to reach ``--events`` in all;
-2. measures the ceiling: one kafka-python consumer reading every event topic, no decoding
-   (``bench/ingest.py``'s helper, one topic after another);
-3. runs ``faultwatch stream --config F --once`` with the default concerns as a separate process
-   (fresh tables and checkpoints) and prints events/s over the whole process (wall) and over the
-   processing (from the start of the first micro-batch, i.e. the first batch line's time less
-   that batch's duration, to the last "total:" line), per query from its batch lines, the ratio against the ceiling, the quarantine's ``late``
-   rows, the peak RSS of the process tree and each stateful stage's task count (from the progress
-   output if it says, else from the state store's partition folders in the checkpoint);
-4. unless ``--skip-scaling``: the same job with ``spark.master`` local[1] and local[2], and under
-   ``spark-submit`` on a Spark standalone cluster with one and then two one-core workers, each on
-   fresh tables, and prints the throughput ratios.
-
-Nothing here asserts timings: the machine may be shared, so the load average is printed with them.
+Preloads a simulator backlog into a local broker (``--clusters`` instances of
+``bench/stream_backlog.toml``, each under its own cluster name: brokers, producers, consumer
+groups, an outage and a lagging group), measures one kafka-python consumer reading it (the
+ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process
+and prints events/s (wall and from the first micro-batch), per query, against the ceiling, the
+``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
+repeats the job on local[1] and on a standalone cluster of one and two one-core workers and prints
+the ratios. Nothing asserts timings: the load average is printed with the figures.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """The streaming sink of every query: routed rows into several Delta tables, exactly once.
 
-Each micro-batch goes through ``foreachBatch``: one Spark job (``mapInArrow``) writes Parquet files
-straight into each table's folder on the executors and returns their paths; then the driver commits
-them with ``deltalake`` (delta-rs), one commit per table and micro-batch, each carrying the Delta
-transaction ``(app id, batch id)``. A batch that Spark replays after a crash finds its transaction
-already in the table's log and is skipped, so a kill at any moment neither loses nor duplicates
-rows. When a batch fails, only files of tables whose log does not hold the batch are deleted; files
-of a replayed batch that was already committed stay as orphans until ``vacuum``.
-
-Files can also arrive already written: the Kafka source's write mode (``bronze``, ``bronze_faults``)
-writes bronze Parquet in the reader tasks and sends ``WRITTEN`` chunk rows listing them, which
-this sink only commits (``bronze``, whose input is nothing but those listings, collects them to the
-driver instead of running the ``mapInArrow`` job). Their names come from the Kafka offset range,
-not the batch id, and :func:`write_table_files` keeps a file that is already there: a replayed
-batch reads the same ranges and so reuses, never duplicates, them. A failed batch's reader files are left for that
-replay; if the query never runs again they stay uncommitted, invisible to readers, until ``vacuum``.
-
-Why ``foreachBatch`` and not a Python Data Source writer: the writer needs two more Python planner
-daemons at query start (``write_into_data_source`` and the commit runner), each a fresh
-interpreter, which delays the first micro-batch (docs/performance.md); the commit runs in the
-driver's own Python process, where ``deltalake`` is already loaded.
+Each micro-batch goes through ``foreachBatch``: Parquet files are written on the executors (a
+``mapInArrow`` job) or were already written by the Kafka reader tasks (``WRITTEN`` listings, named
+after their offset range so a replay reuses them); the driver commits them with ``deltalake``, one
+commit per table, each carrying the Delta transaction ``(app id, batch id)``. A replayed batch finds
+its transaction in the log and is skipped, so a kill at any moment loses and duplicates nothing;
+a failed batch deletes only files no log holds (orphans wait for ``vacuum``). ``foreachBatch``
+rather than a Python Data Source writer: the writer starts two more planner interpreters per query,
+and the commit here runs in the driver's process, where ``deltalake`` is loaded.
 """
 
 from __future__ import annotations

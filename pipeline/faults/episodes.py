@@ -1,27 +1,14 @@
 """``broker_fault_episodes``: when the fleet, not one producer, says a broker is in trouble.
 
 Evaluated on an event-time grid (``faults.evaluation_interval_s``) at points the watermark has
-passed, so a verdict never changes afterwards and does not depend on how events were batched.
-At each grid point ``t`` and for each broker (rules in order, one small function each):
-
-1. quorum: at least ``quorum_min_producers`` producers avoid it (a window covers ``t``) and they are
-   at least ``quorum_share`` of the producers active on it (a send in the last
-   ``active_producer_window_s``, or avoiding it) — one sick producer cannot condemn a broker;
-2. failure-rate outlier (Envoy's failure-percentage ejection with a peer check): over the trailing
-   ``outlier_window_s`` it had ``outlier_min_sends`` sends, a failure rate of at least
-   ``outlier_failure_rate``, while the median rate of its peers (brokers of the cluster with enough
-   sends, at least ``outlier_min_peers`` of them) is below that: a cluster-wide failure is nobody's
-   outlier;
-3. latency outlier: same volume and peers, p99 at least ``outlier_min_latency_ms`` and at least
-   ``outlier_latency_factor`` times the peers' median p99.
-
-Both outlier rules also need the failures (slow sends, of at least ``outlier_min_latency_ms``) to
-come from at least ``quorum_min_producers`` producers: one sick producer, whose timeouts alone can
-lift a broker's p99, condemns no broker through them either.
-
-An episode opens at the first point where a rule holds (the reason is the first rule that held) and
-closes once none has held for ``episode_close_after_s``; ``closed_ms`` is the grid point after the
-last one at which a rule held.
+passed, so a verdict never changes afterwards. At each grid point and for each broker, rules in
+order, one small function each: ``quorum_holds`` (enough of its active producers avoid it: one
+sick producer cannot condemn a broker), ``failure_outlier`` (Envoy's failure-percentage ejection
+with a peer check: a cluster-wide failure is nobody's outlier) and ``latency_outlier`` (p99 far
+above the peers' median). Both outlier rules also need the failures or slow sends to come from
+``quorum_min_producers`` producers. An episode opens at the first point where a rule holds (its
+reason is the first rule that held) and closes once none has held for ``episode_close_after_s``;
+``closed_ms`` is the grid point after the last signal.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """A queue's lag status: Burrow's evaluator, one small named function per rule, over many windows.
 
-Two rule sets, chosen by name (``lag.rules``). ``burrow`` (the default) is Burrow's
-``calculatePartitionStatus`` and ``evaluatePartitionStatus``: a queue whose current lag is above
-``allowed_lag`` and whose window is at least ``minimum_complete`` full is
-
-1. STOP when the time since its last commit exceeds the window's span (``offsets_stopped``), unless a
-   recent broker offset is at or below the last commit (``recent_lag_zero``);
-2. REWIND when an offset went backwards (``offsets_rewind``) and never came back to where it was
-   (``rewind_recovered``);
-3. OK when some commit's lag was at or below ``allowed_lag`` (``lag_always_not_zero`` is false);
-4. STALL when the offset never moved (``offsets_stalled``);
-5. WARN when the lag never went down, unknown lags skipped (``lag_not_decreasing``);
-
-and OK otherwise. ``faultwatch`` keeps that order and those rules with four departures, each
-because a RocketMQ window that is young or quiet proves less than Burrow assumes:
-
-- ``trend_rules_wait``: STALL and WARN need ``min_commits`` commits (with one commit "never
-  moved" and "never decreased" are vacuously true; RocketMQ rebalances hand queues over every 20 s);
-- ``young_stop_scales``: a window that is not full is compared with the span a full window would
-  have at the same commit rate, and one commit never makes a STOP;
-- ``stop_excuse_by_commit``: a pause is excused by a commit with lag <= ``allowed_lag`` within
-  ``caught_up_grace_ms``, not by broker offsets: a queue that caught up stays OK for a fixed time
-  however its producers' sends were sampled (Burrow's ``caching_test.go`` case 9 differs so);
-- ``no_trend_without_two_known_lags``: WARN needs two commits whose lag is known (Burrow's lags
-  are unknown only for backfilled commits; faultwatch's until a broker offset is known).
-
-``tests/unit/test_lag_status.py`` (``DEPARTURES``) shows each on the case where the sets disagree.
-
-Outside both: an unknown current lag is UNKNOWN (Burrow has no commit without a broker offset).
+Two rule sets, chosen by name (``lag.rules``). ``burrow`` (the default) is Burrow's partition
+evaluation in its order: STOP (unless a recent broker offset excuses the pause), REWIND (unless
+recovered), OK when some lag was at most ``allowed_lag``, STALL, WARN; OK otherwise, and UNKNOWN
+while the current lag is unknown. ``faultwatch`` keeps that order with four named departures
+(README; ``DEPARTURES`` in ``tests/unit/test_lag_status.py`` shows each case): a RocketMQ window
+that is young or quiet proves less than Burrow assumes (queues are handed over on every
+rebalance), so trend rules wait for ``min_commits``, a young window's STOP scales its span, a
+recent caught-up commit excuses a pause, and WARN needs two known lags.
 """
 
 from __future__ import annotations

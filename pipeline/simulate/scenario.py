@@ -1,30 +1,10 @@
 """Simulator scenarios: frozen dataclasses loaded from TOML and validated before anything runs.
 
-A scenario file describes brokers, their fault schedule, producer fleets and consumer groups (see
-``conf/scenarios/*.toml``). Loading refuses an unknown key, a value of the wrong type, an unknown
-name (fault kind, allocation strategy, client version, broker) or a parameter that does not belong
-to a fault kind, and the message names the key (``faults[1].mode``), so a typo fails at start rather
-than silently simulating something else.
-
-Format (every key but ``name``, ``brokers[].name``, ``faults[].broker/kind/start_s``,
-``producers[].group``, ``consumers[].group`` and ``consumer_events[].group/at_s/kind`` has a default;
-see the dataclasses below)::
-
-    name = "broker-outage"            # default: the file name
-    description = "..."
-    seed = 1                          # the run's seed unless the caller passes one
-    duration_s = 150.0
-    tick_ms = 100                     # virtual time step; events are emitted per tick
-    epoch_ms = 1767225600000          # virtual start (callers pass "now" for live demos)
-
-    [[brokers]]                       # name, cluster, queues, latency_median_ms, latency_p99_ms
-    [[faults]]                        # broker, kind = outage | latency_spike | flow_control | slow_disk,
-                                      # start_s, duration_s (none: to the end) + the kind's parameters
-    [[producers]]                     # group, count, cluster, topic, client_version, fault_tolerance,
-                                      # rate_per_s, retries, send_timeout_ms, detector_enabled, start_s, stop_s...
-    [[consumers]]                     # group, cluster, topic, strategy, instances, rate_per_s,
-                                      # progress/commit/membership intervals, session_timeout_s, consume_from_where
-    [[consumer_events]]               # group, at_s, kind = crash | join | leave | rate, count, instances, rate_per_s
+A scenario file (``conf/scenarios/*.toml``) describes brokers, their fault schedule, producer
+fleets, consumer groups and consumer events; the dataclasses below list every key and its default.
+Loading refuses an unknown key, a value of the wrong type, an unknown name (fault kind, strategy,
+client version, broker) or a parameter that does not belong to a fault kind, naming the key
+(``faults[1].mode``), so a typo fails at start rather than silently simulating something else.
 """
 
 from __future__ import annotations
