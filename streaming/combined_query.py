@@ -39,9 +39,10 @@ from pipeline.lag import step as lag_step
 from pipeline.lag.codec import decode_state as lag_decode
 from pipeline.lag.codec import encode_state as lag_encode
 from pipeline.lag.events import KIND_OF_TABLE
+from schemas.tables import table
 from streaming.delta_sink import WRITTEN
 from streaming.faults_query import FAULT_TABLES, release_memory
-from streaming.feeds import FAULTS, LAG, PASS, parts_of, plain
+from streaming.feeds import FAULTS, LAG, PASS, ipc_bytes, parts_of, plain
 from streaming.kafka_source import CHUNK_SCHEMA, SETTLE
 from streaming.lag_query import LAG_TABLES
 
@@ -104,10 +105,7 @@ def unpack(blob: bytes) -> tuple[Any, ...]:
 
 # -- the function Spark calls per key and batch -------------------------------------------------
 def _chunk(name: str, rows: pa.Table) -> tuple[str, int, bytes]:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_table(rows)
-    return name, rows.num_rows, sink.getvalue().to_pybytes()
+    return name, rows.num_rows, ipc_bytes(rows)
 
 
 def _tables(frames: Iterator[pd.DataFrame]) -> tuple[dict[str, list[pa.Table]], int, int | None]:
@@ -143,8 +141,6 @@ def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Co
         state.update((pack(encode_state(current)),))
         if out.wakeup_ms is not None:
             state.setTimeoutTimestamp(max(out.wakeup_ms - 1, watermark + 1))
-    from schemas.tables import table
-
     chunks = []
     for name, rows in (("producer_fault_windows", out.windows), ("broker_health", out.health),
                        ("quarantine", out.quarantine)):
@@ -156,8 +152,6 @@ def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Co
 
 
 def _empty_events() -> pa.Table:
-    from schemas.tables import table
-
     schema = table("send_results").arrow_schema()
     return pa.schema([schema.field(c) for c in EVENT_COLUMNS]).empty_table()
 
@@ -197,8 +191,6 @@ def _lag_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Conf
     else:
         state.update((pack(lag_encode(current)),))
         state.setTimeoutTimestamp(max(current.clock_ms, watermark) + int(lag.idle_evaluation_s * 1000))
-    from schemas.tables import table
-
     chunks = []
     for name, frame in (("queue_lag", out.queue_lag), ("group_status", out.group_status),
                         ("quarantine", out.quarantine)):

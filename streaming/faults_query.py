@@ -48,10 +48,9 @@ _EVENT_SCHEMA = pa.schema([table(BRONZE).arrow_schema().field(c) for c in EVENT_
 
 
 def _ipc(part: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, part.schema) as writer:
-        writer.write_table(part)
-    return sink.getvalue().to_pybytes()
+    from streaming.feeds import ipc_bytes
+
+    return ipc_bytes(part)
 
 
 def _events_of(frames: Iterator[pd.DataFrame]) -> tuple[pa.Table, int | None]:

@@ -113,6 +113,14 @@ def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, p
     return out
 
 
+def ipc_bytes(rows: pa.Table | pa.RecordBatch) -> bytes:
+    """Rows as one Arrow IPC stream: how chunks of events and of table rows travel through Spark."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write(rows)
+    return sink.getvalue().to_pybytes()
+
+
 def plain(rows: pa.Table) -> pa.Table:
     """Dictionary columns decoded back to their value type (what the pure steps expect)."""
     if not any(pa.types.is_dictionary(f.type) for f in rows.schema):

@@ -1,26 +1,14 @@
 """Kafka as a Spark streaming source, through Spark's Python Data Source API and kafka-python.
 
-The JVM Kafka connector cannot be installed here (no Maven), so this reader does its job:
-- one Spark partition per Kafka topic-partition; offsets are ``{"topic/partition": next_offset}`` and
-  live in the Spark checkpoint (nothing is committed to Kafka);
-- admission control: at most ``max_rows`` records per micro-batch, shared by backlog;
-- ``Trigger.AvailableNow`` (``faultwatch stream --once``) via ``prepareForTriggerAvailableNow``;
-- partitions added while the query runs are picked up from offset 0 (their beginning);
-- fetched record batches are unpacked by :mod:`streaming.kafka_records` (the same records as
-  kafka-python's own unpacking, ~1.7x as fast);
-- records are decoded and validated in the reader (:mod:`streaming.decode`), so the output rows are
-  already routed to their bronze table or to quarantine, and come out as Arrow record batches;
-- write mode (option ``write_root``, used by ``bronze``, ``bronze_faults`` and ``combined``): each
-  task writes its rows as Parquet into the tables' folders itself and emits only the list of files
-  for the sink to commit, plus the events a stateful step reads: with option ``feeds``, cut into
-  chunks per state key (:mod:`streaming.feeds`; see ``KafkaEventReader._read_and_write``);
-- event time (option ``event_time``): each micro-batch's offsets carry its settle point
-  (:func:`settle_point`), which follows the slowest partition still being read, so cutting a
-  backlog into micro-batches makes no on-time event late.
-
-The end of a partition is learnt from a fetch's high watermark, not from ListOffsets: Tansu answers
-ListOffsets wrongly when the last batch holds several records, and the fetch answer is right on Tansu
-and on Apache Kafka alike.
+The JVM Kafka connector cannot be installed here (no Maven), so this reader does its job: one Spark
+partition per Kafka partition, offsets in the Spark checkpoint, at most ``max_rows`` records per
+micro-batch, ``availableNow``, new partitions picked up. Records are unpacked by
+:mod:`streaming.kafka_records` and decoded in the reader (:mod:`streaming.decode`). In write mode
+(``write_root``) each task writes its bronze Parquet itself and emits only its file list plus the
+events a stateful step reads, cut per state key (:mod:`streaming.feeds`). With ``event_time`` each
+offset carries the batch's settle point (:func:`settle_point`), so cutting a backlog into batches
+makes no on-time event late. Partition ends come from fetch high watermarks, not ListOffsets (which
+Tansu answers wrongly when the last batch holds several records).
 """
 
 from __future__ import annotations
@@ -463,14 +451,13 @@ def _keyed_chunks(pieces: list[tuple[str, str, Any]], settle_ms: int) -> Any:
     import pyarrow as pa
 
     keys, names, counts, payloads = [], [], [], []
+    from streaming.feeds import ipc_bytes
+
     for key, name, rows in pieces:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rows.schema) as writer:
-            writer.write_table(rows)
         keys.append(key)
         names.append(name)
         counts.append(rows.num_rows)
-        payloads.append(sink.getvalue().to_pybytes())
+        payloads.append(ipc_bytes(rows))
     return pa.RecordBatch.from_pydict(
         {"_key": keys, "_table": names, "rows": counts, "arrow": payloads, SETTLE: [settle_ms] * len(keys)},
         schema=_keyed_arrow_schema(),
@@ -535,13 +522,12 @@ def _chunks_of(parts: dict[str, Any]) -> Any:
     import pyarrow as pa
 
     names, counts, payloads = [], [], []
+    from streaming.feeds import ipc_bytes
+
     for name, part in parts.items():
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, part.schema) as writer:
-            writer.write_batch(part)
         names.append(name)
         counts.append(part.num_rows)
-        payloads.append(sink.getvalue().to_pybytes())
+        payloads.append(ipc_bytes(part))
     return pa.RecordBatch.from_pydict({"_table": names, "rows": counts, "arrow": payloads}, schema=_chunk_arrow_schema())
 
 
