@@ -11,7 +11,7 @@ test:
 
 lint:
 	@scripts/bootstrap.sh test
-	.venv/bin/ruff check pipeline streaming schemas tests bench airflow
+	.venv/bin/ruff check faultwatch pipeline streaming schemas tests bench airflow
 
 bench:
 	@scripts/bootstrap.sh test

@@ -112,7 +112,7 @@ def test_runs_under_spark_submit_on_a_standalone_cluster(kafka, cfg: Config, tmp
                  120, "two workers registered", log=logs)
         result = subprocess.run(
             [str(BIN / "spark-submit"), "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.executor.memory=768m",
-             str(REPO / "pipeline" / "cli.py"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
+             str(REPO / "faultwatch" / "cli.py"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
             check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
             env={**env, "FAULTWATCH_SPARK_MASTER": f"spark://127.0.0.1:{port}"},
         )

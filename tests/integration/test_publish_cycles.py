@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import unique_topics
 
-from pipeline.cli import main
+from faultwatch.cli import main
 from pipeline.config import Config
 from pipeline.deltaio import read_table
 from pipeline.publish import cycle_number_for, run_cycle

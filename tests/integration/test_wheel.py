@@ -15,6 +15,7 @@ import site
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD_INPUTS = ("pyproject.toml", "README.md", "pipeline", "streaming", "schemas", "conf")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "faultwatch", "pipeline", "streaming", "schemas", "conf")
 # Not linked into the fresh environment: the demo extra, and the checkout's editable install.
 HIDDEN_PREFIXES = ("calfkit", "faultwatch", "__editable__", "pipeline", "streaming", "schemas")
 DEMO_EXTRA_HINT = "pip install 'faultwatch[demo]'"
@@ -30,6 +31,7 @@ DEMO_EXTRA_HINT = "pip install 'faultwatch[demo]'"
 
 @dataclass(frozen=True)
 class Installed:
+    wheel: Path
     venv: Path
     cwd: Path
 
@@ -91,7 +93,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     link_dependencies(venv, base / "deps")
     cwd = base / "elsewhere"
     cwd.mkdir()
-    yield Installed(venv, cwd)
+    yield Installed(wheel, venv, cwd)
 
 
 def test_the_package_and_its_defaults_come_from_the_wheel(installed: Installed) -> None:
@@ -115,6 +117,15 @@ def test_the_package_and_its_defaults_come_from_the_wheel(installed: Installed) 
     assert Path(config) == site_packages / "pipeline" / "defaults" / "faultwatch.toml"
     assert Path(config).read_bytes() == (REPO / "conf" / "faultwatch.toml").read_bytes()
     assert scenario == "demo"
+
+
+def test_the_wheel_holds_the_four_packages_and_nothing_else(installed: Installed) -> None:
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    tops = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert tops == {"faultwatch", "pipeline", "streaming", "schemas"}
+    assert {"faultwatch/cli.py", "faultwatch/commands/stream.py", "faultwatch/demo.py"} <= set(names)
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "faultwatch = faultwatch.cli:main" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
 
 
 def test_simulate_lists_the_shipped_scenarios(installed: Installed) -> None:

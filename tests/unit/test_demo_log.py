@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.demo import stderr_to
+from faultwatch.demo import stderr_to
 from streaming.session import check_java
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from schemas.errors import FaultwatchError
 
-PACKAGES = ("schemas", "pipeline", "streaming")
+PACKAGES = ("schemas", "pipeline", "streaming", "faultwatch")
 
 # The standard base each class keeps, so handlers written for it still match.
 EXPECTED = {

@@ -1,6 +1,6 @@
 """``faultwatch replay lag``: queue and group lines in, Burrow's verdicts out, an error line per bad line.
 
-The CLI runs as a subprocess (``faultwatch replay lag`` through ``pipeline.cli``) with its input given
+The CLI runs as a subprocess (``faultwatch replay lag`` through ``faultwatch.cli``) with its input given
 explicitly, so the test needs no terminal. Burrow's own cases are in test_lag_burrow.py.
 """
 
@@ -45,7 +45,7 @@ STALLED = {
 
 def faultwatch(args: list[str], lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "faultwatch.cli", *args],
         input="".join(line + "\n" for line in lines),
         cwd=REPO,
         capture_output=True,

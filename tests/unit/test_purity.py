@@ -1,9 +1,12 @@
-"""The pure packages import nothing of Spark, Kafka, Airflow or Delta, and ``schemas`` sits at the bottom.
+"""The layers import one way, and the pure packages import nothing of Spark, Kafka, Airflow or Delta.
 
-Each pure package (and the entry points that promise to need only it) is imported in a fresh
-interpreter with those libraries blocked, so a stray module-level import fails here rather than on
-a machine without them. ``schemas`` is the lowest layer: no module in it may import ``pipeline`` or
-``streaming``, not even for type checking or inside a function, which the AST scan below covers.
+The layers, bottom up: ``schemas`` <- ``pipeline`` <- ``streaming`` <- ``faultwatch`` (the entry
+points: CLI and demo). The Airflow DAG sits beside the entry points but needs only ``pipeline`` and
+``schemas``. No product module imports ``tests`` or ``bench``. An AST scan of every file checks
+this, imports inside functions and ``TYPE_CHECKING`` blocks and ``importlib.import_module`` on a
+literal name included. Each pure package (and the entry points that promise to need only it) is
+also imported in a fresh interpreter with those libraries blocked, so a stray module-level import
+fails here rather than on a machine without them.
 """
 
 from __future__ import annotations
@@ -21,10 +24,21 @@ BLOCKED = ("pyspark", "kafka", "airflow", "deltalake")
 
 # package -> further modules that must import with the package's guarantee
 PURE = {
-    "pipeline.rocketmq": ("pipeline.replay", "pipeline.commands.replay"),
+    "pipeline.rocketmq": ("pipeline.replay", "faultwatch.commands.replay"),
     "pipeline.faults": (),
     "pipeline.lag": (),
     "pipeline.policy": (),
+}
+
+PROJECT = {"schemas", "pipeline", "streaming", "faultwatch", "tests", "bench"}
+NOT_PRODUCT = {"tests", "bench"}
+# folder -> the project's top-level packages its modules may import (besides itself)
+LAYERS = {
+    "schemas": set(),
+    "pipeline": {"schemas"},
+    "streaming": {"schemas", "pipeline"},
+    "faultwatch": {"schemas", "pipeline", "streaming"},
+    "airflow/dags": {"schemas", "pipeline"},
 }
 
 PROBE = textwrap.dedent(
@@ -61,6 +75,17 @@ def test_pure_package_imports_without_spark_kafka_airflow_or_delta(package: str)
     assert int(count) >= 3 and leaked.strip() == "[]"
 
 
+def _literal_prefix(node: ast.expr) -> str | None:
+    """The module name an ``import_module`` argument starts with, when it is written in the call."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value
+    return None
+
+
 def imported_roots(source: str) -> set[str]:
     """Top-level package of every absolute import anywhere in ``source`` (any block, any function)."""
     roots: set[str] = set()
@@ -69,20 +94,45 @@ def imported_roots(source: str) -> set[str]:
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             roots.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("import_module", "__import__") and (prefix := _literal_prefix(node.args[0])):
+                roots.add(prefix.split(".")[0])
     return roots
 
 
-def test_the_scan_sees_imports_in_type_checking_blocks_and_functions() -> None:
-    source = "if TYPE_CHECKING:\n    from pipeline.config import X\ndef f():\n    import streaming.job\n"
-    assert imported_roots(source) == {"pipeline", "streaming"}
+def test_the_scan_sees_imports_in_type_checking_blocks_functions_and_import_module() -> None:
+    source = (
+        "if TYPE_CHECKING:\n    from pipeline.config import X\ndef f():\n    import streaming.job\n"
+        "    importlib.import_module(f'faultwatch.commands.{name}')\n    __import__('tests.doubles')\n"
+        "    importlib.import_module(name)\nfrom . import sibling\n"
+    )
+    assert imported_roots(source) == {"pipeline", "streaming", "faultwatch", "tests"}
 
 
-def test_schemas_import_neither_pipeline_nor_streaming() -> None:
-    files = sorted((REPO / "schemas").rglob("*.py"))
-    assert len(files) >= 8
-    offenders = {
-        str(path.relative_to(REPO)): sorted(roots & {"pipeline", "streaming"})
-        for path in files
-        if (roots := imported_roots(path.read_text(encoding="utf-8"))) & {"pipeline", "streaming"}
-    }
-    assert offenders == {}
+def layer_offenders(folder: str) -> dict[str, list[str]]:
+    """Files under ``folder`` importing a project package its layer may not, with those packages."""
+    files = sorted((REPO / folder).rglob("*.py"))
+    assert files, folder
+    allowed = LAYERS[folder] | {folder.split("/")[0]}
+    offenders = {}
+    for path in files:
+        wrong = (imported_roots(path.read_text(encoding="utf-8")) & PROJECT) - allowed
+        if wrong:
+            offenders[str(path.relative_to(REPO))] = sorted(wrong)
+    return offenders
+
+
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_each_layer_imports_only_the_layers_below_it(folder: str) -> None:
+    assert layer_offenders(folder) == {}
+
+
+def test_no_product_layer_may_import_tests_or_bench() -> None:
+    assert all(not (allowed & NOT_PRODUCT) for allowed in LAYERS.values())
+
+
+def test_every_top_level_package_has_a_layer() -> None:
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert packages == set(LAYERS) - {"airflow/dags"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.commands import replay as replay_command
+from faultwatch.commands import replay as replay_command
 from pipeline.replay import replay_line
 from pipeline.rocketmq.vectors import ALLOC_FILE, FAULT_FILES, comparable_fault_expected, read_jsonl
 

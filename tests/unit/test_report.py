@@ -177,7 +177,7 @@ def test_health_from_bronze_matches_direct_counts(tmp_path: Path, outage: tuple[
 
 def test_cli_writes_the_report_and_prints_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    outage: tuple[Simulation, MemorySink]) -> None:
-    from pipeline.cli import main
+    from faultwatch.cli import main
 
     write_silver(tmp_path / "tables", *outage)
     conf = tmp_path / "fw.toml"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from faultwatch.cli import main
 from pipeline.config import Config
 from pipeline.kafka_local import free_port
 from pipeline.simulate import JsonLinesSink, KafkaSink, MemorySink, SinkError, run_to_memory
@@ -63,7 +63,7 @@ def test_another_process_with_another_hash_seed_writes_the_same_bytes(tmp_path: 
     import sys
 
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    cmd = [sys.executable, "-m", "pipeline.cli", "simulate", "--scenario", "demo", "--to", "file",
+    cmd = [sys.executable, "-m", "faultwatch.cli", "simulate", "--scenario", "demo", "--to", "file",
            "--out", str(tmp_path), "--duration", "30s", "--seed", "9"]
     subprocess.run(cmd, check=True, env=env, capture_output=True, cwd=Path(__file__).resolve().parents[2])
     _, expected = run_to_memory("demo", seed=9, duration_s=30.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from pipeline.commands.common import add_config_arg, config_from_args
-from pipeline.commands.simulate import parse_duration
+from faultwatch.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.simulate import parse_duration
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import re
 import sys
 import time
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}

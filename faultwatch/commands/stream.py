@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 from streaming.job import CONCERNS, DEFAULT_CONCERNS  # a plain module: importing it starts no Spark
 
 

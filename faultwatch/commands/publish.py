@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.publish import CycleReport

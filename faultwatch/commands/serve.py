@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 
 log = logging.getLogger("faultwatch.serve")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """The ``faultwatch`` command line.
 
-Each subcommand lives in ``pipeline/commands/<name>.py`` with ``register(subparsers)``, which adds its
+Each subcommand lives in ``faultwatch/commands/<name>.py`` with ``register(subparsers)``, which adds its
 parser and sets ``handler`` (a function ``(args) -> int``). Modules import their heavy dependencies
 (Spark, Kafka) inside the handler, so ``faultwatch --help`` stays fast.
 """
@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"pipeline.commands.{name}")
+            module = importlib.import_module(f"faultwatch.commands.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"pipeline.commands.{name}":
+            if exc.name == f"faultwatch.commands.{name}":
                 continue  # not built yet in this checkout
             raise
         module.register(sub)

@@ -1,10 +1,10 @@
-"""``faultwatch demo``: the whole system on embedded defaults (see pipeline/demo.py)."""
+"""``faultwatch demo``: the whole system on embedded defaults (see faultwatch/demo.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.commands.common import add_config_arg, config_from_args
+from faultwatch.commands.common import add_config_arg, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.scenario:
         cfg = cfg.replace(demo__scenario=args.scenario)
-    from pipeline.demo import run_demo
+    from faultwatch.demo import run_demo
     from pipeline.kafka_local import LocalKafkaError, tansu_binary
     from streaming.session import JavaMissingError
 
