@@ -47,8 +47,8 @@ def _produce_slice(bootstrap: str, topic: str, n: int, part: int, parts: int) ->
     import numpy as np
     from kafka import KafkaProducer
 
-    from pipeline.faults.synth import bulk_stream
     from schemas.events import SendResult
+    from tests.doubles.faults_synth import bulk_stream
 
     cols = bulk_stream(n, brokers=BROKERS, producers=PRODUCERS)
     lists = {f: cols[f].tolist() for f in SendResult.__dataclass_fields__ if f in cols}
@@ -75,8 +75,8 @@ def _live_producer(bootstrap: str, topic: str, rate: int, seconds: float, seed: 
 
     from kafka import KafkaProducer
 
-    from pipeline.faults.synth import ERRORS
     from schemas.events import SendResult
+    from tests.doubles.faults_synth import ERRORS
 
     rng = random.Random(seed)
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=256 * 1024)

@@ -39,7 +39,7 @@ from pipeline.lag import initial_state, step
 from pipeline.lag.codec import decode_state, encode_state
 from pipeline.lag.events import PROGRESS, SEND
 from pipeline.lag.registry import LagState
-from pipeline.lag.synth import Fleet, bronze_rows, fleet_batches
+from tests.doubles.lag_synth import Fleet, bronze_rows, fleet_batches
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

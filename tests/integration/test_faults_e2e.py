@@ -17,10 +17,10 @@ import pytest
 from pipeline.config import Config
 from pipeline.deltaio import read_table
 from pipeline.faults import from_send_results
-from pipeline.faults.reference import current_view, expected_windows, window_keys
-from pipeline.faults.synth import random_stream
 from schemas.tables import table
 from tests.conftest import unique_topics
+from tests.doubles.faults_reference import current_view, expected_windows, window_keys
+from tests.doubles.faults_synth import random_stream
 from tests.integration.processes import (
     committed_batches,
     kill_tree,

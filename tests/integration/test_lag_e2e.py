@@ -25,8 +25,8 @@ import pytest
 
 from pipeline.config import Config, LagConfig
 from pipeline.deltaio import read_table
-from pipeline.lag.synth import progress, send
 from tests.conftest import unique_topics
+from tests.doubles.lag_synth import progress, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

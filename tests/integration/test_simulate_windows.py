@@ -20,9 +20,9 @@ import pytest
 from pipeline.config import Config
 from pipeline.deltaio import read_table
 from pipeline.faults import from_send_results
-from pipeline.faults.reference import current_view, expected_windows
 from pipeline.simulate import KafkaSink, MemorySink, Simulation, load_scenario
 from tests.conftest import unique_topics
+from tests.doubles.faults_reference import current_view, expected_windows
 from tests.integration.processes import start_faultwatch, write_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

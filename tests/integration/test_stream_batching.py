@@ -21,9 +21,9 @@ import pytest
 
 from pipeline.config import Config
 from pipeline.deltaio import read_table
-from pipeline.faults.reference import current_view
 from pipeline.simulate import KafkaSink, Simulation, load_scenario
 from tests.conftest import unique_topics
+from tests.doubles.faults_reference import current_view
 from tests.integration.processes import start_faultwatch, write_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -119,11 +119,14 @@ def test_the_package_and_its_defaults_come_from_the_wheel(installed: Installed) 
     assert scenario == "demo"
 
 
-def test_the_wheel_holds_the_four_packages_and_nothing_else(installed: Installed) -> None:
+def test_the_wheel_holds_the_four_packages_and_no_test_doubles(installed: Installed) -> None:
     names = zipfile.ZipFile(installed.wheel).namelist()
     tops = {name.split("/")[0] for name in names if ".dist-info/" not in name}
     assert tops == {"faultwatch", "pipeline", "streaming", "schemas"}
     assert {"faultwatch/cli.py", "faultwatch/commands/stream.py", "faultwatch/demo.py"} <= set(names)
+    assert "pipeline/faults/state.py" in names
+    doubles = [name for name in names if name.rsplit("/", 1)[-1] in ("synth.py", "reference.py")]
+    assert doubles == []  # the test doubles live in tests/doubles
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "faultwatch = faultwatch.cli:main" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
 

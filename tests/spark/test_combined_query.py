@@ -22,13 +22,13 @@ import pytest
 from pipeline.config import Config
 from pipeline.faults import from_send_results, initial_state, step
 from pipeline.faults.frame import take
-from pipeline.faults.reference import current_view
-from pipeline.faults.synth import bronze_table, random_stream
 from streaming.combined_query import build_combined_output
 from streaming.delta_sink import WRITTEN
 from streaming.faults_query import FAULT_TABLES
 from streaming.feeds import WRITTEN_KEY, fault_feed
 from streaming.kafka_source import KEYED_CHUNK_SCHEMA, SETTLE, _keyed_chunks
+from tests.doubles.faults_reference import current_view
+from tests.doubles.faults_synth import bronze_table, random_stream
 from tests.spark.test_faults_query import TABLE_KEY, normalize
 
 

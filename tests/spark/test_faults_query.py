@@ -20,7 +20,11 @@ import pytest
 from pipeline.config import Config
 from pipeline.faults import from_send_results
 from pipeline.faults.frame import Cols, concat, take
-from pipeline.faults.reference import (
+from pipeline.simulate import MemorySink, Simulation
+from schemas.fields import spark_schema
+from schemas.tables import routed_fields
+from streaming.faults_query import FAULT_TABLES, build_faults_output
+from tests.doubles.faults_reference import (
     current_view,
     run_fleet,
     uses_default_tables,
@@ -28,11 +32,7 @@ from pipeline.faults.reference import (
     window_keys,
     windows_from_vector,
 )
-from pipeline.faults.synth import T0, bronze_table, outage_scenario, random_stream
-from pipeline.simulate import MemorySink, Simulation
-from schemas.fields import spark_schema
-from schemas.tables import routed_fields
-from streaming.faults_query import FAULT_TABLES, build_faults_output
+from tests.doubles.faults_synth import T0, bronze_table, outage_scenario, random_stream
 
 pytestmark = pytest.mark.spark
 

@@ -16,10 +16,10 @@ import pytest
 
 from pipeline.config import Config, LagConfig, LagGroupConfig
 from pipeline.lag import events_frame, initial_state, step
-from pipeline.lag.synth import bronze_rows, membership, progress, send
 from schemas.fields import spark_schema
 from schemas.tables import routed_fields, table
 from streaming.lag_query import LAG_TABLES, build_lag_output
+from tests.doubles.lag_synth import bronze_rows, membership, progress, send
 
 pytestmark = pytest.mark.spark
 

@@ -18,8 +18,8 @@ from pipeline.config import FaultsConfig
 from pipeline.faults import from_send_results, initial_state, step
 from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
 from pipeline.faults.frame import take
-from pipeline.faults.synth import outage_scenario
 from pipeline.simulate import MemorySink, Simulation
+from tests.doubles.faults_synth import outage_scenario
 
 CFG = FaultsConfig()
 DELAY = 30_000

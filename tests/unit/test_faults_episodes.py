@@ -21,11 +21,11 @@ from pipeline.faults.episodes import (
     signal,
 )
 from pipeline.faults.frame import take
-from pipeline.faults.reference import current_view, run_steps
 from pipeline.faults.state import initial_state, step
-from pipeline.faults.synth import misbehave, outage_scenario
 from pipeline.simulate import MemorySink, Simulation
 from schemas.events import SendResult
+from tests.doubles.faults_reference import current_view, run_steps
+from tests.doubles.faults_synth import misbehave, outage_scenario
 
 CFG = FaultsConfig()  # quorum 0.5 of >= 3; outliers: 20 sends, 2 peers, rate 0.5, p99 5x and >= 550 ms
 

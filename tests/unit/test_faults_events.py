@@ -13,9 +13,9 @@ from pipeline.faults.events import (
     processing_order,
     update_arguments,
 )
-from pipeline.faults.reference import event_array
-from pipeline.faults.synth import ERRORS, random_stream
 from pipeline.rocketmq import update_args
+from tests.doubles.faults_reference import event_array
+from tests.doubles.faults_synth import ERRORS, random_stream
 
 
 @pytest.mark.parametrize(

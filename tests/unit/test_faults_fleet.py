@@ -6,8 +6,8 @@ import random
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import FleetState, fleet_step, from_send_results, next_watermark
-from pipeline.faults.reference import current_view, expected_windows, run_fleet, window_keys
-from pipeline.faults.synth import T0, random_stream
+from tests.doubles.faults_reference import current_view, expected_windows, run_fleet, window_keys
+from tests.doubles.faults_synth import T0, random_stream
 
 CFG = FaultsConfig()
 DELAY = 30_000

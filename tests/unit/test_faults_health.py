@@ -9,8 +9,8 @@ from pipeline.config import FaultsConfig
 from pipeline.faults import error_class, from_send_results, initial_state, step
 from pipeline.faults.frame import take
 from pipeline.faults.health import final_minute_end, quantiles_sorted
-from pipeline.faults.reference import expected_windows, run_steps
-from pipeline.faults.synth import T0, random_stream
+from tests.doubles.faults_reference import expected_windows, run_steps
+from tests.doubles.faults_synth import T0, random_stream
 
 CFG = FaultsConfig()
 FAR = 4_000_000_000_000

@@ -13,8 +13,8 @@ from pipeline.config import FaultsConfig
 from pipeline.faults import from_send_results, initial_state, is_empty, step
 from pipeline.faults.codec import encode_state, state_bytes
 from pipeline.faults.frame import take
-from pipeline.faults.synth import T0, bulk_stream, random_stream
 from schemas.events import SendResult
+from tests.doubles.faults_synth import T0, bulk_stream, random_stream
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = FaultsConfig()

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from pipeline.config import FaultsConfig
 from pipeline.faults import decode_state, encode_state, from_send_results, initial_state, step
 from pipeline.faults.frame import take
-from pipeline.faults.reference import (
+from schemas.events import SendResult, decode_event
+from tests.doubles.faults_reference import (
     current_view,
     expected_windows,
     run_steps,
@@ -30,8 +31,7 @@ from pipeline.faults.reference import (
     window_keys,
     windows_from_vector,
 )
-from pipeline.faults.synth import T0, random_stream
-from schemas.events import SendResult, decode_event
+from tests.doubles.faults_synth import T0, random_stream
 
 VECTORS = Path(__file__).resolve().parents[1] / "fixtures" / "rocketmq-vectors"
 CFG = FaultsConfig()

@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.config import LagConfig
 from pipeline.lag import events_frame, initial_state, step
-from pipeline.lag.synth import progress, send
+from tests.doubles.lag_synth import progress, send
 
 T0 = 1_700_000_000_000
 CFG = LagConfig(

@@ -33,9 +33,9 @@ from pipeline.lag import events_frame, initial_state, step
 from pipeline.lag.model import UNKNOWN, Status
 from pipeline.lag.replay import replay_lag_case
 from pipeline.lag.status import RuleParams, evaluate, verdicts
-from pipeline.lag.synth import progress, send
 from pipeline.lag.window import Windows
 from pipeline.replay import run_replay
+from tests.doubles.lag_synth import progress, send
 
 TEST_GO = "core/internal/evaluator/caching_test.go"
 FIXTURE_GO = "core/internal/storage/fixtures.go"

@@ -15,7 +15,7 @@ import pytest
 from pipeline.config import ConfigError, LagConfig, LagGroupConfig, from_dict
 from pipeline.lag import events_frame, initial_state, step
 from pipeline.lag.codec import decode_state, encode_state
-from pipeline.lag.synth import membership, progress, send
+from tests.doubles.lag_synth import membership, progress, send
 
 T0 = 1_700_000_000_000
 CFG = LagConfig(window_commits=4, min_commits=3, queue_row_interval_s=0)
