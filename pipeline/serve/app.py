@@ -1,8 +1,9 @@
-"""The HTTP side of ``faultwatch serve`` (aiohttp): routes, basic auth, TLS, start and stop.
+"""The HTTP side of ``faultwatch serve``: routes, basic auth, TLS, start and stop.
 
-Handlers only look up the current snapshot and return bytes rendered from it, so they take
-microseconds and never wait for the tables. Only GET (and HEAD) routes exist: the API is
-read-only and anything else is a 405.
+Handlers only look up the current snapshot and return bytes the refresh already rendered, so
+they take microseconds and never wait for the tables; :mod:`pipeline.serve.httpd` is the HTTP
+layer under them. Only GET (and HEAD) are answered: the API is read-only and anything else is
+a 405.
 """
 
 from __future__ import annotations
@@ -13,30 +14,38 @@ import binascii
 import hashlib
 import hmac
 import logging
+import re
 import signal
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from aiohttp import web
+import orjson
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.config import Config, ConfigError
 from pipeline.serve import api
+from pipeline.serve.httpd import Auth, HttpServer, Reply, Request
 from pipeline.serve.snapshot import health
 from pipeline.serve.state import ServeState
 from pipeline.serve.worker import Published, RefreshWorker
 
 log = logging.getLogger(__name__)
 
-_JSON = "application/json"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_JSON = b"application/json"
+_HTML = b"text/html; charset=utf-8"
+_METRICS = CONTENT_TYPE_PLAIN_0_0_4.encode()
+_TEXT = b"text/plain; charset=utf-8"
+_NOT_READY = Reply(503, _TEXT, b"no refresh of the tables has finished yet\n")
+_NOT_FOUND = Reply(404, _TEXT, b"404: Not Found\n")
+_VARY = b"Vary: Accept-Encoding\r\n"
+_GZIP = b"Content-Encoding: gzip\r\n" + _VARY
 
 
-def _json(answer: api.Answer) -> web.Response:
+def _json(answer: api.Answer) -> Reply:
     status, body = answer
-    return web.Response(status=status, body=body, content_type=_JSON)
+    return Reply(status, _JSON, body)
 
 
 class BasicAuth:
@@ -51,16 +60,21 @@ class BasicAuth:
         self._hash = password_hash.encode()
         self._good: dict[bytes, None] = {}
         self._max_cached = max_cached
+        self._lock = threading.Lock()
+
+    def known(self, header: str) -> bool:
+        """True when this header checked out before (no bcrypt)."""
+        return hashlib.sha256(header.encode()).digest() in self._good
 
     def check(self, header: str) -> bool:
-        digest = hashlib.sha256(header.encode()).digest()
-        if digest in self._good:
+        if self.known(header):
             return True
         if not self._verify(header):
             return False
-        if len(self._good) >= self._max_cached:
-            self._good.pop(next(iter(self._good)))
-        self._good[digest] = None
+        with self._lock:  # checks run in the executor's threads
+            if len(self._good) >= self._max_cached:
+                self._good.pop(next(iter(self._good)))
+            self._good[hashlib.sha256(header.encode()).digest()] = None
         return True
 
     def _verify(self, header: str) -> bool:
@@ -77,18 +91,22 @@ class BasicAuth:
         password_ok = bool(sep) and bcrypt.checkpw(password, self._hash)
         return user_ok and password_ok
 
+    def as_auth(self) -> Auth:
+        challenge = b'WWW-Authenticate: Basic realm="faultwatch", charset="UTF-8"\r\n'
+        return Auth(self.known, self.check,
+                    lambda path: _json(api.reply(401, path, "unauthorized"))._replace(headers=challenge))
 
-def _auth_middleware(auth: BasicAuth) -> Callable[..., Awaitable[web.StreamResponse]]:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        header = request.headers.get("Authorization", "")
-        if header and await asyncio.get_running_loop().run_in_executor(None, auth.check, header):
-            return await handler(request)
-        response = _json(api.reply(401, request.path, "unauthorized"))
-        response.headers["WWW-Authenticate"] = 'Basic realm="faultwatch", charset="UTF-8"'
-        return response
 
-    return middleware
+_P = re.escape(api.API_PREFIX)
+_SEGMENT = r"([^{}/]+)"  # what a route's {name} matched before
+_API_ROUTES: tuple[tuple[re.Pattern[str], Callable[..., api.Answer]], ...] = (
+    (re.compile(_P), api.clusters),
+    (re.compile(rf"{_P}/{_SEGMENT}"), api.cluster),
+    (re.compile(rf"{_P}/{_SEGMENT}/consumer"), api.consumers),
+    (re.compile(rf"{_P}/{_SEGMENT}/consumer/{_SEGMENT}/status"), api.group_status),
+    (re.compile(rf"{_P}/{_SEGMENT}/broker"), api.brokers),
+    (re.compile(rf"{_P}/{_SEGMENT}/avoidance"), lambda s, path, name: api.avoidance(s, path, name, {})),
+)
 
 
 class Routes:
@@ -98,86 +116,49 @@ class Routes:
         self.cfg = cfg
         self.refresher = refresher
         self.clock = clock
+        p = api.API_PREFIX
+        self._fixed = {"/": self.page, "/metrics": self.metrics, "/healthz": self.healthz}
+        self._api_prefix, self._api_root = p + "/", p
 
-    def _snapshot(self) -> Published | None:
-        return self.refresher.snapshot
+    def answer(self, request: Request) -> Reply:
+        path = request.path
+        snap = self.refresher.snapshot
+        if snap is not None:  # the common case first: an answer the refresh rendered
+            answer = snap.answers.get(path)
+            if answer is not None:
+                return Reply(answer[0], _JSON, answer[1])
+        fixed = self._fixed.get(path)
+        if fixed is not None:
+            return fixed(request, snap)
+        if path == self._api_root or path.startswith(self._api_prefix):
+            return self._api(path, snap)
+        return _NOT_FOUND
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        snap = self._snapshot()
+    def metrics(self, request: Request, snap: Published | None) -> Reply:
         if snap is None:
-            return web.Response(status=503, text="no refresh of the tables has finished yet\n")
-        headers = {"Content-Type": CONTENT_TYPE_PLAIN_0_0_4, "Vary": "Accept-Encoding"}
-        if "gzip" in request.headers.get("Accept-Encoding", ""):
-            return web.Response(body=snap.metrics_gzip, headers={**headers, "Content-Encoding": "gzip"})
-        return web.Response(body=snap.metrics, headers=headers)
+            return _NOT_READY
+        if request.accept_gzip:
+            return Reply(200, _METRICS, snap.metrics_gzip, _GZIP)
+        return Reply(200, _METRICS, snap.metrics, _VARY)
 
-    async def page(self, request: web.Request) -> web.Response:
-        snap = self._snapshot()
-        if snap is None:
-            return web.Response(status=503, text="no refresh of the tables has finished yet\n")
-        return web.Response(body=snap.page, content_type="text/html", charset="utf-8")
+    def page(self, request: Request, snap: Published | None) -> Reply:
+        return _NOT_READY if snap is None else Reply(200, _HTML, snap.page)
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        status, reasons = health(self._snapshot(), self.cfg, int(self.clock() * 1000))
+    def healthz(self, request: Request, snap: Published | None) -> Reply:
+        status, reasons = health(snap, self.cfg, int(self.clock() * 1000))
         body = {"status": "ok" if status == 200 else "unhealthy", "reasons": reasons}
-        return web.json_response(body, status=status)
+        return Reply(status, _JSON, orjson.dumps(body))
 
-    def _api(self, request: web.Request, render: Callable[[ServeState], api.Answer]) -> web.Response:
-        """The answer the refresh rendered for this path; unknown paths get theirs (404, 503) here."""
-        snap = self._snapshot()
+    def _api(self, path: str, snap: Published | None) -> Reply:
+        """Paths the refresh did not render: unknown clusters and groups (404) or tables in error (503)."""
         if snap is None:
-            return _json(api.reply(503, request.path, "no refresh of the tables has finished yet"))
-        answer = snap.answers.get(request.path)
-        return _json(answer if answer is not None else render(snap.state))
-
-    async def clusters(self, request: web.Request) -> web.Response:
-        return self._api(request, lambda s: api.clusters(s, request.path))
-
-    async def cluster(self, request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.cluster(s, request.path, name))
-
-    async def consumers(self, request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.consumers(s, request.path, name))
-
-    async def group_status(self, request: web.Request) -> web.Response:
-        name, group = request.match_info["cluster"], request.match_info["group"]
-        return self._api(request, lambda s: api.group_status(s, request.path, name, group))
-
-    async def brokers(self, request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.brokers(s, request.path, name))
-
-    async def avoidance(self, request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        return self._api(request, lambda s: api.avoidance(s, request.path, name, {}))
-
-    async def unknown_api(self, request: web.Request) -> web.Response:
-        return _json(api.not_found(request.path, "resource"))
-
-
-def build_app(cfg: Config, refresher: RefreshWorker) -> web.Application:
-    s = cfg.serve
-    middlewares = []
-    if s.basic_auth_username is not None and s.basic_auth_password_hash is not None:
-        middlewares.append(_auth_middleware(BasicAuth(s.basic_auth_username, s.basic_auth_password_hash.value)))
-    app = web.Application(middlewares=middlewares)
-    r = Routes(cfg, refresher)
-    p = api.API_PREFIX
-    app.add_routes([
-        web.get("/", r.page),
-        web.get("/metrics", r.metrics),
-        web.get("/healthz", r.healthz),
-        web.get(p, r.clusters),
-        web.get(p + "/{cluster}", r.cluster),
-        web.get(p + "/{cluster}/consumer", r.consumers),
-        web.get(p + "/{cluster}/consumer/{group}/status", r.group_status),
-        web.get(p + "/{cluster}/broker", r.brokers),
-        web.get(p + "/{cluster}/avoidance", r.avoidance),
-        web.get(p + "/{tail:.*}", r.unknown_api),
-    ])
-    return app
+            return _json(api.reply(503, path, "no refresh of the tables has finished yet"))
+        state: ServeState = snap.state
+        for pattern, render in _API_ROUTES:
+            match = pattern.fullmatch(path)
+            if match:
+                return _json(render(state, path, *match.groups()))
+        return _json(api.not_found(path, "resource"))
 
 
 def ssl_context(cfg: Config) -> ssl.SSLContext | None:
@@ -215,14 +196,16 @@ class Server:
         if threading.current_thread() is threading.main_thread():  # `faultwatch serve`: stop cleanly
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stopping.set)
-        runner = web.AppRunner(build_app(self.cfg, self.refresher), access_log=None, handle_signals=False)
-        await runner.setup()
+        s = self.cfg.serve
+        auth = None
+        if s.basic_auth_username is not None and s.basic_auth_password_hash is not None:
+            auth = BasicAuth(s.basic_auth_username, s.basic_auth_password_hash.value).as_auth()
+        http = HttpServer(Routes(self.cfg, self.refresher).answer, auth)
         try:
-            site = web.TCPSite(runner, self.cfg.serve.host, self.port, ssl_context=self.ssl, backlog=1024)
-            await site.start()
-            host, port = runner.addresses[0][:2]
+            host, port = await http.start(s.host, self.port, self.ssl)
             scheme = "https" if self.ssl else "http"
             self.url = f"{scheme}://{host}:{port}/"
+            log.debug("serve: HTTP on %s:%d%s", host, port, " over TLS" if self.ssl else "")
             self.refresher.start()
             self._ready.set()
             if on_ready is not None:
@@ -230,10 +213,10 @@ class Server:
             await self._stopping.wait()
         finally:
             self.refresher.stop()
-            await runner.cleanup()
+            await http.stop()
 
     def run(self, on_ready: Callable[[str], None] | None = None) -> None:
-        """Serve until :meth:`stop` (or Ctrl-C)."""
+        """Serve until :meth:`stop` (or Ctrl-C, SIGTERM)."""
         asyncio.run(self._serve(on_ready))
 
     def start(self, timeout_s: float = 30.0) -> str:
