@@ -266,7 +266,7 @@ class StandaloneCluster:
 
     def submit_args(self, conf: Path) -> list[str]:
         return [str(BIN / "spark-submit"), "--master", self.url, "--conf", "spark.executor.memory=768m",
-                str(REPO / "pipeline" / "cli.py"), "stream", "--config", str(conf), "--once"]
+                str(REPO / "faultwatch" / "cli.py"), "stream", "--config", str(conf), "--once"]
 
     def stop(self) -> None:
         for p in reversed(self.procs):

@@ -131,11 +131,14 @@ class StreamConfig:
     # with fewer than a tenth of it in all are read by one.
     max_events_per_task: int = 50_000
     max_event_bytes: int = 65_536
+    # An event stamped further ahead of its Kafka record's timestamp is quarantined (wrong clock).
+    max_future_skew_s: float = 300.0
     # Prefix of query names and Delta transaction app ids: two deployments sharing tables need two.
     app_id: str = "faultwatch"
 
     def validate(self) -> None:
-        _positive(self, "trigger_interval_s", "max_events_per_batch", "max_events_per_task", "max_event_bytes")
+        _positive(self, "trigger_interval_s", "max_events_per_batch", "max_events_per_task", "max_event_bytes",
+                  "max_future_skew_s")
         if self.watermark_delay_s < 0:
             raise ConfigError("stream.watermark_delay_s must be >= 0")
 

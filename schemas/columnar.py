@@ -35,6 +35,61 @@ def validate_columns(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict
     Suspect rows are included in the arrays as nulls where their value could not be converted;
     callers drop them (or re-check them with ``check_record``) before using the arrays.
     """
+    fast = _whole_batch(fields, objs)
+    return fast if fast is not None else _field_by_field(fields, objs)
+
+
+# Types Arrow would convert although check_record refuses them: a float in an integer column (1.0
+# becomes 1), a bool in a float column (True becomes 1.0), a string or a dict in a list column (a
+# sequence of characters, of keys). Every other wrong type makes Arrow raise.
+_SILENTLY_CONVERTED: dict[str, frozenset[type]] = {
+    "int64": frozenset({float}), "int32": frozenset({float}), "float64": frozenset({bool}),
+    "list<string>": frozenset({str, dict, bytes, tuple}),
+}
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)
+
+
+def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str, pa.Array], set[int]] | None:
+    """The common case in one C-level pass: every object a dict whose values all have the field's type.
+
+    The objects become one Arrow struct array; the value rules then run on its columns. None when
+    the batch needs the field-by-field route (a non-dict, or a value of a wrong type somewhere).
+    """
+    if not objs or set(map(type, objs)) != {dict}:
+        return None
+    for f in fields:
+        odd = _SILENTLY_CONVERTED.get(f.kind)
+        if odd is not None and not odd.isdisjoint(map(type, map(dict.get, objs, repeat(f.name)))):
+            return None
+    try:
+        struct = pa.array(objs, pa.struct([(f.name, f.arrow_type) for f in fields]))
+    except _CONVERSION_ERRORS:
+        return None
+    n = len(objs)
+    suspects: set[int] = set()
+    arrays: dict[str, pa.Array] = {}
+    for i, f in enumerate(fields):
+        arr = struct.field(i)
+        if arr.null_count:
+            if not f.nullable:
+                suspects.update(_true_indexes(arr.is_null()) or ())
+            elif f.required and sum(map(dict.__contains__, objs, repeat(f.name))) < n:
+                suspects.update(i for i, o in enumerate(objs) if f.name not in o)
+        if f.kind == "list<string>":
+            elements = arr.flatten()  # a null element (JSON null in the list) is not a string
+            if elements.null_count:
+                parents = pc.list_parent_indices(arr).to_numpy()
+                suspects.update(parents[elements.is_null().to_numpy(zero_copy_only=False)].tolist())
+        else:
+            suspects.update(_bounds_violations(f, arr) or ())
+        if f.kind == "string":
+            suspects.update(_string_violations(f, arr) or ())
+        arrays[f.name] = arr
+    return arrays, suspects
+
+
+def _field_by_field(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str, pa.Array], set[int]]:
+    """Each field's values checked by type in Python, then converted: finds the odd rows of any batch."""
     suspects: set[int] = {i for i, o in enumerate(objs) if type(o) is not dict}
     if suspects:
         objs = [o if type(o) is dict else {} for o in objs]

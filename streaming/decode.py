@@ -23,9 +23,18 @@ _DAY_MS = 86_400_000
 _EPOCH = dt.date(1970, 1, 1)
 
 
+FUTURE = "future_event_time"  # quarantine reason: stamped too far ahead of its Kafka record
+
+
 class BatchDecoder:
-    def __init__(self, kind: str, tables: Sequence[str], max_event_bytes: int) -> None:
+    def __init__(
+        self, kind: str, tables: Sequence[str], max_event_bytes: int, max_future_skew_ms: int | None = None
+    ) -> None:
+        """``max_future_skew_ms``: how far an event's ``ts_ms`` may be ahead of its Kafka record's
+        timestamp (None: not judged). Further ahead, a producer clock is wrong, and the event would
+        drag event time (and a date partition) into the future: it goes to quarantine."""
         self.kind = kind
+        self.max_future_skew_ms = max_future_skew_ms
         self.table = BRONZE_TABLE_FOR_EVENT[kind].name
         self.schema = arrow_schema(routed_fields(list(tables)))
         self.max_event_bytes = max_event_bytes
@@ -80,6 +89,10 @@ class BatchDecoder:
         if rescued:
             cols = {f.name: pa.array([r[f.name] for r in rescued], f.arrow_type) for f in self.fields}
             parts.append(self._valid_batch(topic, partition, cols, rescued_src))
+        if self.max_future_skew_ms is not None:
+            sources = [good_src, rescued_src]
+            for k, part in enumerate(parts):
+                parts[k] = self._drop_future(topic, partition, part, sources[k], bad_rows)
         if bad_rows:
             parts.append(pa.RecordBatch.from_pylist(bad_rows, schema=self.schema))
         if len(parts) == 1:
@@ -105,6 +118,22 @@ class BatchDecoder:
                 arr = arrays.get(f.name)
             columns.append(pa.nulls(n, f.type) if arr is None else arr)
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def _drop_future(
+        self, topic: str, partition: int, batch: pa.RecordBatch, records: Sequence[Any], bad_rows: list[dict[str, Any]]
+    ) -> pa.RecordBatch:
+        """``batch`` without the rows stamped beyond the skew bound; those become quarantine rows."""
+        kafka_ts = batch.column("kafka_ts_ms")
+        ahead = pc.and_(pc.greater_equal(kafka_ts, 0),
+                        pc.greater(batch.column("ts_ms"), pc.add(kafka_ts, self.max_future_skew_ms)))
+        if not pc.any(ahead).as_py():
+            return batch
+        for i in pc.indices_nonzero(ahead).to_pylist():
+            rec = records[i]
+            detail = (f"ts_ms {batch.column('ts_ms')[i].as_py()} is more than stream.max_future_skew_s "
+                      f"({self.max_future_skew_ms / 1000:g}s) ahead of its Kafka record's timestamp {rec.timestamp}")
+            bad_rows.append(self._quarantine_row(topic, partition, rec, Invalid(FUTURE, detail)))
+        return batch.filter(pc.invert(ahead))
 
     def event_dates(self, ts_ms: pa.Array) -> pa.Array:
         """UTC dates as YYYY-MM-DD strings, computed once per distinct day."""

@@ -353,8 +353,6 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from streaming.decode import BatchDecoder
-
         ranges = partition.ranges if isinstance(partition, RangeGroup) else (partition,)
         tables = output_tables(list(dict.fromkeys(self.topics.values())))
         chunked = self.options.get("chunked") == "true"
@@ -364,9 +362,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
-            decoder = BatchDecoder(
-                part.kind, tables=tables, max_event_bytes=int(self.options.get("max_event_bytes", "65536"))
-            )
+            decoder = _decoder(self.options, part.kind, tables)
             for records in _fetch_range(self.options, part):
                 batch = decoder.decode(part.topic, part.partition, records)
                 yield to_chunks(batch) if chunked else batch
@@ -380,7 +376,6 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         writing them twice."""
         import pyarrow as pa
 
-        from streaming.decode import BatchDecoder
         from streaming.delta_sink import WRITTEN, write_table_files
 
         feed = set(json.loads(self.options.get("feed_tables", "[]")))
@@ -394,9 +389,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
             settle = max(settle, part.settle_ms)
-            decoder = BatchDecoder(
-                part.kind, tables=tables, max_event_bytes=int(self.options.get("max_event_bytes", "65536"))
-            )
+            decoder = _decoder(self.options, part.kind, tables)
             parts: dict[str, list[Any]] = {}
             for records in _fetch_range(self.options, part):
                 records_read += len(records)
@@ -424,6 +417,13 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield pa.RecordBatch.from_pydict(listing, schema=_keyed_arrow_schema())
             return
         yield pa.RecordBatch.from_pydict(listing, schema=_chunk_arrow_schema())
+
+
+def _decoder(options: dict[str, str], kind: str, tables: list[str]) -> Any:
+    from streaming.decode import BatchDecoder
+
+    return BatchDecoder(kind, tables=tables, max_event_bytes=int(options.get("max_event_bytes", "65536")),
+                        max_future_skew_ms=int(options.get("max_future_skew_ms", "300000")))
 
 
 def _keyed_feed(options: dict[str, str]) -> Callable[[dict[str, Any]], list[tuple[str, str, Any]]] | None:
@@ -639,6 +639,7 @@ def read_events(
         .option("topics", json.dumps(topics))
         .option("max_rows", str(cfg.stream.max_events_per_batch))
         .option("max_event_bytes", str(cfg.stream.max_event_bytes))
+        .option("max_future_skew_ms", str(int(cfg.stream.max_future_skew_s * 1000)))
         .option("split_rows", str(cfg.stream.max_events_per_task))
         .option("pack_rows", str(cfg.stream.max_events_per_task // 10))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
@@ -660,7 +661,7 @@ def read_events(
             .option("lag_shards", str(cfg.lag.shards))
             .option("event_time", "true")
             .option("watermark_delay_ms", str(int(cfg.stream.watermark_delay_s * 1000)))
-            .option("future_skew_ms", str(int(cfg.faults.max_future_skew_s * 1000)))
+            .option("future_skew_ms", str(int(cfg.stream.max_future_skew_s * 1000)))
         )
     return reader.load()
 

@@ -126,3 +126,28 @@ def test_decoder_quarantines_what_check_record_rejects() -> None:
     ]
     good = next(r for r in rows if r["_table"] == "send_results")
     assert good["event_id"] == GOOD.event_id and good["event_date"] == "2023-11-14" and good["kafka_offset"] == 0
+
+
+def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() -> None:
+    """A producer clock in the year 2100 is caught at the door, with its own reason, and nothing else is."""
+    from collections import namedtuple
+
+    from streaming.decode import FUTURE, BatchDecoder
+    from streaming.kafka_source import output_tables
+
+    rec = namedtuple("rec", "key value offset timestamp")
+    kafka_ts = GOOD.ts_ms
+    values = [GOOD.to_json(), mutate(ts_ms=4_102_444_000_000), mutate(ts_ms=kafka_ts + 299_000),
+              mutate(ts_ms=kafka_ts + 301_000), mutate(ts_ms=kafka_ts + 10**9)]
+    stamps = [kafka_ts, kafka_ts, kafka_ts, kafka_ts, -1]  # -1: a record without a timestamp is not judged
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536, max_future_skew_ms=300_000)
+    rows = decoder.decode("t", 0, [rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))]).to_pylist()
+    kept = sorted(r["kafka_offset"] for r in rows if r["_table"] == "send_results")
+    quarantined = sorted((r["source_offset"], r["reason"]) for r in rows if r["_table"] == "quarantine")
+    assert kept == [0, 2, 4]
+    assert quarantined == [(1, FUTURE), (3, FUTURE)]
+    detail = next(r["detail"] for r in rows if r["_table"] == "quarantine")
+    assert "stream.max_future_skew_s" in detail and str(kafka_ts) in detail
+    unjudged = BatchDecoder("send_result", output_tables(["send_result"]), 65_536).decode(
+        "t", 0, [rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))])
+    assert unjudged.num_rows == 5 and set(unjudged.column("_table").to_pylist()) == {"send_results"}
