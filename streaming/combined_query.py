@@ -27,24 +27,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import pyarrow as pa
 
 from pipeline.config import Config
-from pipeline.faults import EVENT_COLUMNS, decode_state, encode_state, from_arrow_table, initial_state, step
-from pipeline.faults import is_empty as faults_empty
-from pipeline.faults.points import POINT_FIELDS
-from pipeline.lag import initial_state as lag_initial
-from pipeline.lag import is_empty as lag_empty
-from pipeline.lag import step as lag_step
-from pipeline.lag.codec import decode_state as lag_decode
-from pipeline.lag.codec import encode_state as lag_encode
-from pipeline.lag.events import KIND_OF_TABLE
-from schemas.tables import table
+from pipeline.faults import EVENT_COLUMNS
+from pipeline.faults.concern import BrokerFaults
+from pipeline.ipc import ipc_bytes
+from pipeline.lag.concern import Lag
+from pipeline.stateful import Concern
 from streaming.delta_sink import WRITTEN
 from streaming.faults_query import FAULT_TABLES, release_memory
-from streaming.feeds import FAULTS, LAG, PASS, ipc_bytes, parts_of, plain
+from streaming.feeds import FAULTS, LAG, PASS, parts_of
 from streaming.kafka_source import CHUNK_SCHEMA, SETTLE
 from streaming.lag_query import LAG_TABLES
+from streaming.stateful import event_clock, read_chunks, step_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -57,10 +52,6 @@ NOW = "_now_ms"
 EVENT_TIME = "_event_time"
 # Bumped whenever the keys or the state's shape change: an older checkpoint is then refused.
 LAYOUT = 2
-
-_POINT_TYPES = {"cluster": pa.string(), "broker_name": pa.string(), "bucket_errors": pa.string(),
-                "p99": pa.float64(), "seen": pa.bool_()}
-POINT_SCHEMA = pa.schema([(f, _POINT_TYPES.get(f, pa.int64())) for f in POINT_FIELDS])
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"
@@ -104,101 +95,23 @@ def unpack(blob: bytes) -> tuple[Any, ...]:
 
 
 # -- the function Spark calls per key and batch -------------------------------------------------
-def _chunk(name: str, rows: pa.Table) -> tuple[str, int, bytes]:
-    return name, rows.num_rows, ipc_bytes(rows)
+CLOCK = "_clock"  # the batch's settle point (``rows``), for the cluster decision in the sink
 
 
-def _tables(frames: Iterator[pd.DataFrame]) -> tuple[dict[str, list[pa.Table]], int, int | None]:
-    """A key's chunks by table, the batch's settle point and batch time."""
-    out: dict[str, list[pa.Table]] = {}
-    settle, now = 0, None
-    for frame in frames:
-        for name, blob, point, t in zip(frame["_table"], frame["arrow"], frame[SETTLE], frame[NOW]):
-            out.setdefault(name, []).append(plain(pa.ipc.open_stream(pa.py_buffer(blob)).read_all()))
-            settle = max(settle, int(point))
-            now = int(t) if now is None else max(now, int(t))
-    return out, settle, now
-
-
-POINTS = "_points"  # the brokers' grid points, for the cluster decision in the sink
-CLOCK = "_clock"  # the batch's settle point (``rows``), for the same
+def _step(concern: Concern[Any], key: str, frames: Iterator[pd.DataFrame], state: Any) -> list[tuple[str, int, bytes]]:
+    """One key's state stepped over its chunks; its rows as chunks (table, rows, Arrow IPC)."""
+    tables, settle, now = ({}, 0, None) if state.hasTimedOut else read_chunks(frames)
+    out = step_key(concern, key, state, concern.events(tables), event_clock(state, settle, now),
+                   load=lambda row: unpack(bytes(row[0])), save=lambda values: (pack(values),))
+    return [(name, rows.num_rows, ipc_bytes(rows)) for name, rows in out.items()]
 
 
 def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:
-    current = decode_state(unpack(bytes(state.get[0]))) if state.exists else initial_state(cluster)
-    watermark = max(0, int(state.getCurrentWatermarkMs()))
-    if state.hasTimedOut:
-        tables, settle, now = {}, watermark, None
-    else:
-        tables, settle, now = _tables(frames)
-    sends = tables.get("send_results", [])
-    events = pa.concat_tables(sends, promote_options="default").select(EVENT_COLUMNS) if sends else _empty_events()
-    cols = from_arrow_table(events)
-    current, out = step(current, cols, watermark, cfg.faults, now, max(settle, watermark), points=True)
-    if faults_empty(current):
-        state.remove()
-    else:
-        state.update((pack(encode_state(current)),))
-        if out.wakeup_ms is not None:
-            state.setTimeoutTimestamp(max(out.wakeup_ms - 1, watermark + 1))
-    chunks = []
-    for name, rows in (("producer_fault_windows", out.windows), ("broker_health", out.health),
-                       ("quarantine", out.quarantine)):
-        if rows:
-            chunks.append(_chunk(name, pa.Table.from_pylist(rows, schema=table(name).arrow_schema())))
-    if out.points:
-        chunks.append(_chunk(POINTS, pa.Table.from_pylist(out.points, schema=POINT_SCHEMA)))
-    return chunks
-
-
-def _empty_events() -> pa.Table:
-    schema = table("send_results").arrow_schema()
-    return pa.schema([schema.field(c) for c in EVENT_COLUMNS]).empty_table()
-
-
-_LAG_RENAME = {"status": "send_status", "kafka_topic": "src_topic", "kafka_partition": "src_partition",
-               "kafka_offset": "src_offset", "kafka_ts_ms": "src_ts_ms"}
-
-
-def lag_events(tables: dict[str, list[pa.Table]]) -> pd.DataFrame:
-    """The lag step's input frame from a key's chunks (see pipeline.lag.events)."""
-    frames = []
-    for name in sorted(tables):
-        if name not in KIND_OF_TABLE:
-            continue
-        frame = pa.concat_tables(tables[name], promote_options="default").to_pandas()
-        frame = frame.rename(columns=_LAG_RENAME)
-        frame.insert(0, "kind", KIND_OF_TABLE[name])
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame()
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    return _step(BrokerFaults(cfg.faults), cluster, frames, state)
 
 
 def _lag_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:
-    lag = cfg.lag
-    delay_ms = int(cfg.stream.watermark_delay_s * 1000)
-    current = lag_decode(unpack(bytes(state.get[0])), lag.window_commits) if state.exists else lag_initial(cluster, lag)
-    watermark = max(0, int(state.getCurrentWatermarkMs()))
-    if state.hasTimedOut:
-        events, now = pd.DataFrame(), watermark + delay_ms
-    else:
-        tables, _settle, _now = _tables(frames)
-        events, now = lag_events(tables), 0
-    current, out = lag_step(current, events, now, lag, watermark_ms=watermark)
-    if lag_empty(current):
-        state.remove()
-    else:
-        state.update((pack(lag_encode(current)),))
-        state.setTimeoutTimestamp(max(current.clock_ms, watermark) + int(lag.idle_evaluation_s * 1000))
-    chunks = []
-    for name, frame in (("queue_lag", out.queue_lag), ("group_status", out.group_status),
-                        ("quarantine", out.quarantine)):
-        if len(frame):
-            schema = table(name).arrow_schema()
-            chunks.append(_chunk(name, pa.Table.from_pandas(frame[schema.names], schema=schema,
-                                                             preserve_index=False)))
-    return chunks
+    return _step(Lag(cfg.lag, int(cfg.stream.watermark_delay_s * 1000)), cluster, frames, state)
 
 
 def combined_function(cfg: Config) -> Any:
@@ -276,4 +189,4 @@ def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
 
 
 __all__ = ["LAYOUT", "NAME", "build_bronze_faults", "build_combined", "build_combined_output",
-           "combined_function", "lag_events", "pack", "unpack"]
+           "combined_function", "pack", "unpack"]

@@ -21,17 +21,13 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.config import Config
-from pipeline.faults import (
-    EVENT_COLUMNS,
-    STATE_DDL,
-    FleetState,
-    decode_fleet,
-    encode_fleet,
-    fleet_step,
-    from_arrow_table,
-)
+from pipeline.faults import EVENT_COLUMNS, STATE_DDL
+from pipeline.faults.concern import FleetFaults
+from pipeline.ipc import ipc_bytes
+from pipeline.stateful import Clock
 from schemas.fields import spark_schema
-from schemas.tables import ROUTE_COLUMN, routed_fields, table
+from schemas.tables import ROUTE_COLUMN, routed_fields
+from streaming.stateful import NOW, read_chunks, routed_frame, step_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -40,48 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 NAME = "faults"
 FAULT_TABLES = ("producer_fault_windows", "broker_fault_episodes", "broker_health", "quarantine")
 BRONZE = "send_results"
-NOW = "_now_ms"
 KEY = "_all"
-
-_PANDAS_DTYPES = {"int64": "Int64", "int32": "Int32", "bool": "boolean", "float64": "Float64"}
-_EVENT_SCHEMA = pa.schema([table(BRONZE).arrow_schema().field(c) for c in EVENT_COLUMNS])
-
-
-def _ipc(part: pa.Table) -> bytes:
-    from streaming.feeds import ipc_bytes
-
-    return ipc_bytes(part)
-
-
-def _events_of(frames: Iterator[pd.DataFrame]) -> tuple[pa.Table, int | None]:
-    """The batch's send results (every chunk, in any order) and its batch time."""
-    tables, now = [], None
-    for frame in frames:
-        for blob, n in zip(frame["arrow"], frame[NOW]):
-            tables.append(pa.ipc.open_stream(pa.py_buffer(blob)).read_all().select(EVENT_COLUMNS))
-            now = int(n) if now is None else max(now, int(n))
-    if not tables:
-        return _EVENT_SCHEMA.empty_table(), now
-    return pa.concat_tables(tables, promote_options="default"), now
-
-
-def routed_frame(outputs: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
-    """One frame with ``routed_fields(FAULT_TABLES)`` columns from per-table row lists.
-
-    Built column by column with nullable dtypes: a frame per table concatenated would turn integers
-    into floats and booleans into objects on the way to Arrow.
-    """
-    fields = routed_fields(list(FAULT_TABLES))
-    cols: dict[str, pd.Series] = {}
-    for f in fields:
-        values: list[Any] = []
-        for name, rows in outputs.items():
-            if f.name == ROUTE_COLUMN:
-                values += [name] * len(rows)
-            else:
-                values += [r.get(f.name) for r in rows]
-        cols[f.name] = pd.Series(values, dtype=_PANDAS_DTYPES.get(f.kind, "object"))
-    return pd.DataFrame(cols)
 
 
 def release_memory() -> None:
@@ -99,23 +54,12 @@ def release_memory() -> None:
 
 def faults_function(cfg: Config) -> Any:
     """The function Spark calls once per batch: decode state, step every cluster, encode state."""
-    faults = cfg.faults
-    delay_ms = int(cfg.stream.watermark_delay_s * 1000)
+    concern = FleetFaults(cfg.faults, int(cfg.stream.watermark_delay_s * 1000))
 
     def run(key: tuple[str], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        fleet = decode_fleet(state.get) if state.exists else FleetState()
-        events, now_ms = _events_of(frames)
-        fleet, out = fleet_step(fleet, from_arrow_table(events), faults, delay_ms, now_ms)
-        if fleet.clusters:
-            state.update(encode_fleet(fleet))
-        elif state.exists:
-            state.remove()
-        frame = routed_frame({
-            "producer_fault_windows": out.windows,
-            "broker_fault_episodes": out.episodes,
-            "broker_health": out.health,
-            "quarantine": out.quarantine,
-        })
+        tables, _settle, now_ms = read_chunks(frames)
+        out = step_key(concern, key[0], state, concern.events(tables), Clock(now_ms=now_ms))
+        frame = routed_frame(out, FAULT_TABLES)
         if len(frame):
             yield frame
         release_memory()
@@ -133,7 +77,8 @@ def build_faults_output(events_df: DataFrame, cfg: Config) -> DataFrame:
         chunks = sends.select("arrow")
     else:  # routed rows (file-stream tests): pack each Arrow batch as a chunk, as the source does
         chunks = sends.select(*EVENT_COLUMNS).mapInArrow(_pack_rows, "arrow BINARY")
-    keyed = chunks.select(F.lit(KEY).alias(KEY), "arrow", F.unix_millis(F.current_timestamp()).alias(NOW))
+    keyed = chunks.select(F.lit(KEY).alias(KEY), F.lit(BRONZE).alias(ROUTE_COLUMN), "arrow",
+                          F.unix_millis(F.current_timestamp()).alias(NOW))
     return keyed.groupBy(KEY).applyInPandasWithState(
         faults_function(cfg),
         spark_schema(routed_fields(list(FAULT_TABLES))),
@@ -146,7 +91,7 @@ def build_faults_output(events_df: DataFrame, cfg: Config) -> DataFrame:
 def _pack_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         if batch.num_rows:
-            yield pa.RecordBatch.from_pydict({"arrow": [_ipc(pa.Table.from_batches([batch]))]})
+            yield pa.RecordBatch.from_pydict({"arrow": [ipc_bytes(batch)]})
 
 
 def build_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:

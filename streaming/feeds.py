@@ -17,6 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# how chunks of events and of table rows travel through Spark (the reader tasks import it from here)
+from pipeline.ipc import ipc_bytes  # noqa: F401
+
 SEP = "\x1f"
 FAULTS, LAG, PASS = "f", "l", "_"
 WRITTEN_KEY = PASS + SEP + "written"
@@ -111,14 +114,6 @@ def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, p
             out.append((key_of(LAG, cluster, s), name, encode_dictionary(part.drop_columns(["_shard"]),
                                                                           LAG_DICTIONARY)))
     return out
-
-
-def ipc_bytes(rows: pa.Table | pa.RecordBatch) -> bytes:
-    """Rows as one Arrow IPC stream: how chunks of events and of table rows travel through Spark."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write(rows)
-    return sink.getvalue().to_pybytes()
 
 
 def plain(rows: pa.Table) -> pa.Table:

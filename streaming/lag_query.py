@@ -24,13 +24,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.config import Config
-from pipeline.lag import initial_state, is_empty, step
-from pipeline.lag.codec import STATE_DDL, decode_state, encode_state
+from pipeline.lag.codec import STATE_DDL
+from pipeline.lag.concern import Lag
 from pipeline.lag.events import KIND_OF_TABLE
 from schemas.fields import spark_schema
 from schemas.tables import ROUTE_COLUMN, routed_fields
+from streaming.stateful import event_clock, routed_frame, step_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -45,70 +47,29 @@ GUARD_TIME = "2100-01-01 00:00:00"  # schemas.fields.MAX_TS_MS: no event can be 
 SHARD = "_shard"
 _PYSPARK_CONCAT_WARNING = "The behavior of DataFrame concatenation with empty or all-NA entries"
 
-_PANDAS_DTYPES = {
-    "int64": "Int64",
-    "int32": "Int32",
-    "bool": "boolean",
-    "float64": "Float64",
-}
 
-
-def routed_frame(outputs: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One frame with ``routed_fields(LAG_TABLES)`` columns from per-table frames.
-
-    Built column by column with nullable dtypes: concatenating frames with disjoint columns would
-    turn integers into floats and booleans into objects on the way to Arrow.
-    """
-    fields = routed_fields(list(LAG_TABLES))
-    sizes = {name: len(frame) for name, frame in outputs.items()}
-    cols: dict[str, pd.Series] = {}
-    for f in fields:
-        dtype = _PANDAS_DTYPES.get(f.kind, "object")
-        parts = []
-        for name, frame in outputs.items():
-            if f.name == ROUTE_COLUMN:
-                parts.append(pd.Series([name] * sizes[name], dtype=object))
-            elif f.name in frame.columns:
-                parts.append(frame[f.name].reset_index(drop=True).astype(dtype))
-            else:
-                parts.append(pd.Series([None] * sizes[name], dtype=dtype))
-        cols[f.name] = pd.concat(parts, ignore_index=True) if parts else pd.Series([], dtype=dtype)
-    return pd.DataFrame(cols)
-
-
-def _events(pdfs: Iterator[pd.DataFrame]) -> pd.DataFrame:
+def _events(pdfs: Iterator[pd.DataFrame]) -> pa.Table:
+    """The rows Spark hands over (already shaped as the lag step reads them), as Arrow."""
     frames = [p for p in pdfs if len(p)]
     if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
+        return pa.table({})
+    return pa.Table.from_pandas(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True),
+                                preserve_index=False)
 
 
 def lag_function(cfg: Config) -> Any:
     """The function Spark calls per (cluster, shard) and batch: decode state, step, encode state."""
-    lag = cfg.lag
-    delay_ms = int(cfg.stream.watermark_delay_s * 1000)
-    idle_ms = int(lag.idle_evaluation_s * 1000)
+    # A shard with events keeps its own event-time clock: another cluster's producers may run
+    # ahead, and the global watermark would make this cluster's consumers look stopped. Only a
+    # silent shard (timeout) takes the query's clock (see pipeline.lag.concern).
+    concern = Lag(cfg.lag, int(cfg.stream.watermark_delay_s * 1000))
 
     def run(key: tuple[str, int], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         # pyspark pads our output with an empty frame and pandas 2.x warns about that on every batch
         warnings.filterwarnings("ignore", message=_PYSPARK_CONCAT_WARNING, category=FutureWarning)
-        cluster = key[0]
-        current = decode_state(state.get, lag.window_commits) if state.exists else initial_state(cluster, lag)
-        events = pd.DataFrame() if state.hasTimedOut else _events(pdfs)
-        watermark = state.getCurrentWatermarkMs()
-        # A shard with events keeps its own event-time clock: another cluster's producers may run
-        # ahead, and the global watermark would make this cluster's consumers look stopped. Only a
-        # silent shard (timeout) takes the query's clock: the watermark plus its delay.
-        now = watermark + delay_ms if state.hasTimedOut and watermark > 0 else 0
-        current, out = step(current, events, now, lag, watermark_ms=watermark)
-        if is_empty(current):
-            state.remove()
-        else:
-            state.update(encode_state(current))
-            state.setTimeoutTimestamp(max(current.clock_ms, watermark) + idle_ms)
-        yield routed_frame(
-            {"queue_lag": out.queue_lag, "group_status": out.group_status, "quarantine": out.quarantine}
-        )
+        clock = event_clock(state)
+        events = pa.table({}) if clock.timed_out else _events(pdfs)
+        yield routed_frame(step_key(concern, key[0], state, events, clock), LAG_TABLES)
 
     return run
 
@@ -191,4 +152,4 @@ def build_lag(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     return write_routed(build_lag_output(events, cfg), cfg, NAME, list(LAG_TABLES))
 
 
-__all__ = ["LAG_TABLES", "NAME", "build_lag", "build_lag_output", "lag_function", "routed_frame"]
+__all__ = ["LAG_TABLES", "NAME", "build_lag", "build_lag_output", "lag_function"]

@@ -1,7 +1,8 @@
 """The lag state as a row of bytes for Spark's state store, and back.
 
-Each table is one Arrow IPC stream (LZ4-compressed): columnar, typed, fast to write and read, and
-independent of Python class paths, so renaming a module never breaks a checkpoint (pickle would).
+Each table is one Arrow IPC stream (:mod:`pipeline.ipc`, zstd-compressed): columnar, typed, fast to
+write and read, and independent of Python class paths, so renaming a module never breaks a
+checkpoint (pickle would).
 ``STATE_VERSION`` changes when the layout does; an unknown version fails loudly, naming it.
 ``STATE_DDL`` is the Spark state schema (a DDL string, so this module imports no pyspark).
 """
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from pipeline.ipc import ipc_bytes, ipc_table
 from pipeline.lag.brokers import BrokerSamples
 from pipeline.lag.offsets import OffsetIndex
 from pipeline.lag.registry import GROUPS, MEMBERS, PAIRS, QUEUES, LagState
@@ -26,21 +28,12 @@ STATE_DDL = (
     "version INT, cluster STRING, clock_ms BIGINT, next_qkey BIGINT, names BINARY, queues BINARY, "
     "offset_index BINARY, pairs BINARY, members BINARY, groups BINARY"
 )
-_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 _LISTS = {"client_ids", "idle"}
 _NAME_KINDS = ("group", "topic", "broker")
 
 
 def _to_ipc(columns: Mapping[str, Any]) -> bytes:
-    batch = pa.record_batch(dict(columns))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_WRITE) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+    return ipc_bytes(pa.record_batch(dict(columns)), compress=True)
 
 
 def _arrow(name: str, values: np.ndarray, dtype: str) -> pa.Array:
@@ -75,7 +68,7 @@ def _table_bytes(table: Table, schema: Mapping[str, str]) -> bytes:
 
 
 def _table_from(blob: bytes, schema: Mapping[str, str]) -> Table:
-    t = _from_ipc(blob)
+    t = ipc_table(blob)
     return Table({name: _numpy(t.column(name), name, dtype) for name, dtype in schema.items()})
 
 
@@ -164,12 +157,12 @@ def decode_state(row: tuple[Any, ...] | Mapping[str, Any], window_size: int) -> 
     version, cluster, clock_ms, next_qkey, names, queues, index, pairs, members, groups = values
     if version != STATE_VERSION:
         raise ValueError(f"lag state version {version} is not supported (this code reads {STATE_VERSION})")
-    nt = _from_ipc(names)
+    nt = ipc_table(names)
     kinds = np.array(nt.column("kind").to_pylist(), dtype=object)
     all_names = np.array(nt.column("name").to_pylist(), dtype=object)
-    it = _from_ipc(index)
-    pt = _from_ipc(pairs)
-    qt = _from_ipc(queues)
+    it = ipc_table(index)
+    pt = ipc_table(pairs)
+    qt = ipc_table(queues)
     return LagState(
         cluster=cluster,
         clock_ms=int(clock_ms),

@@ -74,13 +74,13 @@ def test_arrow_input_with_dictionary_encoded_strings_gives_the_same_columns() ->
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from pipeline.faults.concern import event_schema
     from pipeline.faults.events import EVENT_COLUMNS, from_arrow_table
-    from streaming.faults_query import _EVENT_SCHEMA
     from streaming.feeds import FAULT_DICTIONARY as FEED_DICTIONARY
 
     events = random_stream(5, producers=6, brokers=3, events=400, span_ms=60_000)
     cols = from_send_results(events)
-    plain = pa.table({c: pa.array(list(cols[c]), _EVENT_SCHEMA.field(c).type) for c in EVENT_COLUMNS})
+    plain = pa.table({c: pa.array(list(cols[c]), event_schema().field(c).type) for c in EVENT_COLUMNS})
     assert plain.column("error").null_count > 0
     halves = [plain.slice(0, 150), plain.slice(150)]
     encoded = pa.concat_tables([

@@ -398,7 +398,8 @@ def test_broker_offset_samples_survive_the_codec() -> None:
     """The queues' recent broker offsets round-trip; a state encoded before they existed starts empty."""
     import pyarrow as pa
 
-    from pipeline.lag.codec import _from_ipc, _to_ipc
+    from pipeline.ipc import ipc_table
+    from pipeline.lag.codec import _to_ipc
 
     batches = [([send(T0 + 10_000 * k, q, k) for q in (0, 1)] + [progress(T0 + 10_000 * k, 0, k)], T0 + 10_000 * k)
                for k in range(6)]  # fmt: skip
@@ -408,7 +409,7 @@ def test_broker_offset_samples_survive_the_codec() -> None:
     assert np.array_equal(restored.brokers.slot, state.brokers.slot)
     assert np.array_equal(restored.brokers.offset, state.brokers.offset)
     row = list(encode_state(state))
-    queues = _from_ipc(row[5])
+    queues = ipc_table(row[5])
     row[5] = _to_ipc(
         {n: queues.column(n).combine_chunks() for n in queues.column_names if not n.startswith("bo_")}
     )

@@ -1,0 +1,113 @@
+"""The fault state as a :class:`pipeline.stateful.Concern`: Arrow in, Arrow out, over the pure steps.
+
+:class:`BrokerFaults` keeps one broker's state (the combined query's keys): its step writes the
+broker's windows, health and grid points (``_points``, for the cluster decision in the sink), and
+asks to be stepped again when the watermark would settle something. :class:`FleetFaults` keeps
+every cluster under one key with its own watermark (the ``faults`` query), so it needs no wake-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config import FaultsConfig
+from pipeline.faults.codec import decode_fleet, decode_state, encode_fleet, encode_state
+from pipeline.faults.events import EVENT_COLUMNS, from_arrow_table
+from pipeline.faults.fleet import FleetState, fleet_step
+from pipeline.faults.points import POINT_FIELDS
+from pipeline.faults.state import FaultOutputs, FaultState, initial_state, is_empty, step
+from pipeline.stateful import Clock, Stepped, concat
+from schemas.tables import table
+
+POINTS = "_points"  # the brokers' grid points: rows for the cluster decision, not a table
+_POINT_TYPES = {"cluster": pa.string(), "broker_name": pa.string(), "bucket_errors": pa.string(),
+                "p99": pa.float64(), "seen": pa.bool_()}
+POINT_SCHEMA = pa.schema([(f, _POINT_TYPES.get(f, pa.int64())) for f in POINT_FIELDS])
+_OUTPUTS = (("producer_fault_windows", "windows"), ("broker_fault_episodes", "episodes"),
+            ("broker_health", "health"), ("quarantine", "quarantine"), (POINTS, "points"))
+
+
+@cache
+def event_schema() -> pa.Schema:
+    """The Arrow schema of the fault step's input: the send-result columns it reads, as in bronze."""
+    bronze = table("send_results").arrow_schema()
+    return pa.schema([bronze.field(c) for c in EVENT_COLUMNS])
+
+
+@cache
+def _schema(name: str) -> pa.Schema:
+    return POINT_SCHEMA if name == POINTS else table(name).arrow_schema()
+
+
+def send_results(chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
+    """The fault step's input: the send results among a key's chunks, the columns it reads."""
+    return concat(chunks.get("send_results", ()), event_schema()).select(EVENT_COLUMNS)
+
+
+def output_tables(out: FaultOutputs) -> dict[str, pa.Table]:
+    """A step's rows as Arrow tables with the Delta tables' schemas (tables without rows left out)."""
+    tables = {}
+    for name, attr in _OUTPUTS:
+        rows = getattr(out, attr)
+        if rows:
+            tables[name] = pa.Table.from_pylist(rows, schema=_schema(name))
+    return tables
+
+
+@dataclass(frozen=True)
+class BrokerFaults:
+    """One broker's fault state under Spark's watermark; episodes are decided per cluster elsewhere."""
+
+    cfg: FaultsConfig
+
+    def initial(self, key: str) -> FaultState:
+        return initial_state(key)
+
+    def events(self, chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
+        return send_results(chunks)
+
+    def step(self, state: FaultState, events: pa.Table, clock: Clock) -> Stepped[FaultState]:
+        state, out = step(state, from_arrow_table(events), clock.watermark_ms, self.cfg, clock.now_ms,
+                          clock.settle_ms, points=True)
+        return Stepped(state, output_tables(out), out.wakeup_ms)
+
+    def encode(self, state: FaultState) -> tuple[Any, ...]:
+        return encode_state(state)
+
+    def decode(self, row: Sequence[Any]) -> FaultState:
+        return decode_state(tuple(row))
+
+    def is_empty(self, state: FaultState) -> bool:
+        return is_empty(state)
+
+
+@dataclass(frozen=True)
+class FleetFaults:
+    """Every cluster's fault state under one key and its own watermark (see :mod:`pipeline.faults.fleet`)."""
+
+    cfg: FaultsConfig
+    delay_ms: int
+
+    def initial(self, key: str) -> FleetState:
+        return FleetState()
+
+    def events(self, chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
+        return send_results(chunks)
+
+    def step(self, state: FleetState, events: pa.Table, clock: Clock) -> Stepped[FleetState]:
+        state, out = fleet_step(state, from_arrow_table(events), self.cfg, self.delay_ms, clock.now_ms)
+        return Stepped(state, output_tables(out), None)
+
+    def encode(self, state: FleetState) -> tuple[Any, ...]:
+        return encode_fleet(state)
+
+    def decode(self, row: Sequence[Any]) -> FleetState:
+        return decode_fleet(row)
+
+    def is_empty(self, state: FleetState) -> bool:
+        return not state.clusters
