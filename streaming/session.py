@@ -57,6 +57,8 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         .config("spark.ui.enabled", "true" if ui else "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
+        # workers fork from a daemon that has imported what the tasks use (streaming/daemon.py)
+        .config("spark.python.daemon.module", "streaming.daemon")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.metricsEnabled", "false")

@@ -1,0 +1,39 @@
+"""Spark's Python worker daemon, with the modules the tasks use imported before it forks.
+
+Spark forks every executor Python worker from one daemon process (``pyspark.daemon``). A fresh
+worker then imports pyarrow, pandas, kafka-python, pyspark's worker and faultwatch's modules by
+itself: seconds of CPU per worker, paid by the first tasks of every query while the machine is
+busiest (and, when it is saturated, sometimes longer than the 10 s Spark waits for a worker to
+connect back). Imported once here, every fork starts with them in memory (copy-on-write).
+``streaming.session`` makes this the daemon (``spark.python.daemon.module``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Only imports: nothing here may start a thread or open a connection before the fork (deltalake,
+# which must not be used across a fork, is left out: executors write Parquet with pyarrow).
+PRELOAD = (
+    "numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.ipc", "pyarrow.parquet", "orjson", "kafka",
+    "pyspark.worker", "pyspark.sql.worker.plan_data_source_read", "streaming.kafka_source", "streaming.decode",
+    "streaming.kafka_records", "streaming.feeds", "streaming.combined_query", "streaming.delta_sink",
+)
+
+
+def preload() -> list[str]:
+    """Import :data:`PRELOAD`; the names that failed (an import error must not stop the daemon)."""
+    failed = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it itself then, and reports a real error
+            failed.append(name)
+    return failed
+
+
+if __name__ == "__main__":
+    preload()
+    from pyspark.daemon import manager
+
+    manager()

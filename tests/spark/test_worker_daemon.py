@@ -1,0 +1,26 @@
+"""Executor Python workers fork from faultwatch's daemon, so they start with its modules imported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def _what_the_worker_has(batches: Any) -> Any:
+    import sys
+
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    yield pa.RecordBatch.from_pydict({"main": [main.name if main else ""],
+                                      "preloaded": ["streaming.kafka_source" in sys.modules]})
+
+
+def test_executor_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
+    rows = spark.range(2, numPartitions=2).mapInArrow(_what_the_worker_has, "main string, preloaded boolean").collect()
+    assert {(r["main"], r["preloaded"]) for r in rows} == {("streaming.daemon", True)}
