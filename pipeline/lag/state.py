@@ -216,7 +216,7 @@ def _dirty_members(state: LagState, changed: np.ndarray, new_qkeys: np.ndarray) 
     return unique_ints(np.concatenate([changed, state.members["mkey"][grown]]))
 
 
-def _mark_rebalanced(members, dirty: np.ndarray, changed: np.ndarray, clock: int):  # type: ignore[no-untyped-def]
+def _mark_rebalanced(members: Table, dirty: np.ndarray, changed: np.ndarray, clock: int) -> Table:
     """New queues make clients rebalance (within their next 20 s round), like a membership change."""
     grown = np.isin(members["mkey"], dirty) & ~np.isin(members["mkey"], changed)
     return members.replace(
@@ -224,7 +224,7 @@ def _mark_rebalanced(members, dirty: np.ndarray, changed: np.ndarray, clock: int
     )
 
 
-def _refresh_seen(state: LagState, reported: np.ndarray, clock: int) -> np.ndarray:
+def _refresh_seen(state: LagState, reported: np.ndarray, clock: int) -> Table:
     """A membership report keeps all the group's queues of that topic alive."""
     pairs = state.pairs
     if len(reported) == 0 or len(pairs) == 0:
