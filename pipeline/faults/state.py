@@ -170,6 +170,8 @@ def step(
         table["last_window_end"] = np.maximum(table["last_window_end"], last_end)
     next_minute, health_rows = _health(state, log, wins, settle, brokers, errors, cfg)
     point_rows: list[dict[str, Any]] = []
+    suspects: tuple[Suspect, ...]
+    episode_rows: list[dict[str, Any]]
     if points:
         if nrows(new):
             point_rows = forecast(log, wins, wm, state.cluster, brokers[0] if brokers else "", errors, cfg)
