@@ -121,6 +121,7 @@ def apply_updates(
     keep, rest = take(table, ~mine), take(table, mine)
     by_key = {(int(p), int(s)): i for i, (p, s) in enumerate(zip(rest["pair"].tolist(), rest["start"].tolist()))}
     by_pair: dict[int, list[tuple[int, int]]] = {}  # pair -> its (start, row) in by_key's order
+    i: int | None
     for (p, s), i in by_key.items():
         by_pair.setdefault(p, []).append((s, i))
     rows = [_table_row(rest, i) for i in range(len(rest["pair"]))]
