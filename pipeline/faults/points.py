@@ -70,7 +70,7 @@ def _row(cluster: str, broker: str, after: int, head: int, tick: int, p: ep_mod.
 
 
 def point_of(row: dict[str, Any]) -> ep_mod.Point:
-    p = ep_mod.Point(**{name: int(row[name]) for name in COUNTS})
+    p = ep_mod.Point(**{name: int(row[name]) for name in COUNTS})  # type: ignore[arg-type]  # COUNTS: the int fields
     p.p99 = float(row["p99"])
     p.bucket_errors = Counter(json.loads(row["bucket_errors"]))
     return p
