@@ -223,7 +223,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _partitions_now(self) -> list[tuple[str, int]]:
         consumer = self._driver_consumer()
         consumer.topics()  # refreshes metadata, so new partitions show up
-        out = []
+        out: list[tuple[str, int]] = []
         for topic in self.topics:
             parts = consumer.partitions_for_topic(topic)
             if not parts:
@@ -407,7 +407,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             stem = f"part-{tag}-{part.topic}-{part.partition}-{part.start}-{part.end}"
             for name, batches in sorted(parts.items()):
                 rows = pa.Table.from_batches(batches)
-                written = write_table_files(root, name, rows, lambda i, stem=stem: f"{stem}-{i}", keep_existing=True)
+                written = write_table_files(root, name, rows, lambda i, stem=stem: f"{stem}-{i}",  # type: ignore[misc]
+                                            keep_existing=True)  # (mypy cannot type a lambda's default argument)
                 files.extend(dataclasses.asdict(f) for f in written)
         listing = {"_table": [WRITTEN], "rows": [records_read], "arrow": [json.dumps(files).encode()]}
         if keyed is not None:
