@@ -67,7 +67,7 @@ def start_query(spark: SparkSession, name: str, writer: DataStreamWriter, **trig
     try:
         return writer.trigger(**trigger).start()
     finally:
-        spark.conf.set(key, before)
+        spark.conf.set(key, before)  # type: ignore[arg-type]  # the key always has a value (Spark's default)
 
 
 WARM_JOB_GROUP = "faultwatch-warm-workers"
@@ -308,7 +308,7 @@ def _wait_for_end(query: StreamingQuery, seconds: float) -> None:
     from pyspark.errors import StreamingQueryException
 
     try:
-        query.awaitTermination(seconds)
+        query.awaitTermination(seconds)  # type: ignore[arg-type]  # pyspark takes float seconds; its stubs say int
     except StreamingQueryException:
         pass  # _watch reads it from query.exception() and reports it
 
