@@ -47,7 +47,7 @@ TASKS = re.compile(r"\btasks=(\d+)")
 # --- the backlog --------------------------------------------------------------------------------
 
 
-def instance_scenario(index: int, duration_s: float):  # type: ignore[no-untyped-def]
+def instance_scenario(index: int, duration_s: float):
     """The bench scenario for cluster ``bench-<index>``, ``duration_s`` long, its faults stretched with it."""
     from pipeline.simulate import load_scenario
 
@@ -78,7 +78,7 @@ def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str) 
     class ClusterSink(KafkaSink):
         """Event ids are unique per simulation; the clusters' runs prefix theirs with the cluster."""
 
-        def write(self, kind, rows):  # type: ignore[no-untyped-def]
+        def write(self, kind, rows):
             if kind == "send_result":
                 rows = [[f"bench-{index}/{r[0]}", *r[1:]] for r in rows]
             super().write(kind, rows)
