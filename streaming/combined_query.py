@@ -76,6 +76,7 @@ def pack(values: tuple[Any, ...]) -> bytes:
 
 def unpack(blob: bytes) -> tuple[Any, ...]:
     (count,) = struct.unpack_from("<I", blob, 0)
+    out: list[Any]
     pos, out = 4, []
     for _ in range(count):
         tag = blob[pos:pos + 1]
