@@ -203,10 +203,11 @@ def run(version: str, mode: str, args: argparse.Namespace, cfg: Config) -> Count
     if mode == "local+feed":
         for p in sim.producers:
             old = p.selector
+            assert isinstance(old, TracedSelector)  # fault tolerance is on in this mode
             new = FedTracedSelector(
                 old.generation, fault_enabled=old.fault_enabled, detector_enabled=old.detector_enabled,
                 retry_another_broker_when_not_store_ok=old.retry_another_broker_when_not_store_ok, seed=old.seed,
-                avoid=lambda now, c=p.cluster: avoided_brokers(holder["state"], c, now),
+                avoid=lambda now, c=p.cluster: avoided_brokers(holder["state"], c, now),  # type: ignore[misc]  # mypy cannot infer a lambda with a default argument
             )
             new.trace = old.trace
             p.selector = new

@@ -147,10 +147,10 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
     if args.mode == "live":
         cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0)
-        queries = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
+        live = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
         print("STARTED " + cfg.storage.root, flush=True)
         time.sleep(args.live_s)
-        for q in queries:
+        for q in live:
             q.stop()
     spark.stop()
 

@@ -21,6 +21,7 @@ import random
 import resource
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 
@@ -113,7 +114,7 @@ async def run(host: str, port: int, paths: list[tuple[str, str]], seconds: float
     r = _Run(host, paths, seconds, concurrency, rate, headers)
     conns = []
     for n in range(concurrency):
-        _, proto = await r.loop.create_connection(lambda n=n: _Conn(r, n), host, port)
+        _, proto = await r.loop.create_connection(partial(_Conn, r, n), host, port)
         conns.append(proto)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     lost = await asyncio.gather(*(c.closed for c in conns))
@@ -162,7 +163,7 @@ def main() -> None:
     host, port, seconds, concurrency = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     rate = float(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] != "-" else None
     paths = [tuple(line.split(" ", 1)) for line in sys.stdin.read().splitlines() if line.strip()]
-    result = asyncio.run(run(host, port, paths, seconds, concurrency, rate))  # type: ignore[arg-type]
+    result = asyncio.run(run(host, port, paths, seconds, concurrency, rate))
     print(json.dumps(result))
 
 

@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,9 @@ def bench_windows(n: int, repeat: int) -> None:
     print(f"{'generation':>10} {'numpy ev/s':>14} {'python ev/s':>14} {'ratio':>8} {'windows':>9}")
     for name, gen in GENERATIONS.items():
         t_np, arrays = best_of(
-            repeat, lambda gen=gen: derive_windows_arrays(gen, ts, codes, latency, isolation)
+            repeat, partial(derive_windows_arrays, gen, ts, codes, latency, isolation)
         )
-        t_py, windows = best_of(1, lambda gen=gen: derive_windows(gen, events))
+        t_py, windows = best_of(1, partial(derive_windows, gen, events))
         if windows_from_arrays(arrays, BROKERS) != windows:
             raise SystemExit(f"numpy and python derivations differ for generation {name}")
         print(f"{name:>10} {n / t_np:>14,.0f} {n / t_py:>14,.0f} {t_py / t_np:>7.1f}x {len(windows):>9,}")
@@ -108,7 +109,7 @@ def bench_allocation(repeat: int) -> None:
     ):
         queues, cids, options = allocation_inputs(strategy)
         seconds, rb = best_of(
-            repeat, lambda s=strategy, q=queues, c=cids, o=options: rebalance(s, "CG", q, c, **o)
+            repeat, partial(rebalance, strategy, "CG", queues, cids, **options)
         )
         errors = {r.error for r in rb.ownership_by_cid.values() if r.error}
         if errors:

@@ -103,5 +103,6 @@ def latest_revision(table: pa.Table, key: str | Sequence[str], revision: str = "
             col = ordered.column(k)
             diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
             changed = diff if changed is None else pc.or_(changed, diff)
+        assert changed is not None  # keys is not empty
         first = pa.concat_arrays([pa.array([True]), pa.concat_arrays(changed.chunks)])
     return ordered.filter(first)

@@ -65,7 +65,7 @@ def _int_list(obj: Mapping[str, Any], key: str) -> list[int] | None:
 
 def _parse_events(case: Mapping[str, Any]) -> list[tuple[int, str, int, bool, bool]]:
     raw = _field(case, "events", list, "")
-    events = []
+    events: list[tuple[int, str, int, bool, bool]] = []
     for i, ev in enumerate(raw):
         where = f"events[{i}]."
         if not isinstance(ev, Mapping):

@@ -184,4 +184,4 @@ def _true_indexes(mask: pa.Array | None) -> list[int] | None:
     mask = pc.fill_null(mask, False)
     if not pc.any(mask).as_py():
         return None
-    return pc.indices_nonzero(mask).to_pylist()  # type: ignore[no-any-return]
+    return pc.indices_nonzero(mask).to_pylist()

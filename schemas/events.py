@@ -27,13 +27,12 @@ ALLOCATION_STRATEGIES = (
     "MACHINE_ROOM_NEARBY",
 )
 
-_TS = {"min": MIN_TS_MS, "max": MAX_TS_MS}
 _VERSION = Field("schema_version", "int32", min=SCHEMA_VERSION, max=SCHEMA_VERSION, doc="contract version")
 
 SEND_RESULT: tuple[Field, ...] = (
     _VERSION,
     Field("event_id", "string", max_len=256, doc="unique per send attempt"),
-    Field("ts_ms", "int64", doc="send completion time on the producer's clock", **_TS),
+    Field("ts_ms", "int64", min=MIN_TS_MS, max=MAX_TS_MS, doc="send completion time on the producer's clock"),
     Field("cluster", "string", max_len=256),
     Field("producer_group", "string", max_len=256),
     Field("client_id", "string", max_len=256, doc="producer instance (ClientConfig.buildMQClientId)"),
@@ -59,7 +58,7 @@ SEND_RESULT: tuple[Field, ...] = (
 
 CONSUMER_PROGRESS: tuple[Field, ...] = (
     _VERSION,
-    Field("ts_ms", "int64", **_TS),
+    Field("ts_ms", "int64", min=MIN_TS_MS, max=MAX_TS_MS),
     Field("cluster", "string", max_len=256),
     Field("consumer_group", "string", max_len=256),
     Field("topic", "string", max_len=512),
@@ -73,7 +72,7 @@ CONSUMER_PROGRESS: tuple[Field, ...] = (
 
 GROUP_MEMBERSHIP: tuple[Field, ...] = (
     Field("schema_version", "int32", required=False, nullable=True, min=SCHEMA_VERSION, max=SCHEMA_VERSION),
-    Field("ts_ms", "int64", **_TS),
+    Field("ts_ms", "int64", min=MIN_TS_MS, max=MAX_TS_MS),
     Field("cluster", "string", max_len=256),
     Field("consumer_group", "string", max_len=256),
     Field("topic", "string", max_len=512),

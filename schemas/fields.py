@@ -37,7 +37,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 # JSON value types accepted for each kind (bool is a subclass of int in Python: excluded explicitly).
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
+_JSON_TYPES: dict[str, tuple[type[Any], ...]] = {
     "string": (str,),
     "int64": (int,),
     "int32": (int,),

@@ -123,15 +123,16 @@ class BatchDecoder:
         self, topic: str, partition: int, batch: pa.RecordBatch, records: Sequence[Any], bad_rows: list[dict[str, Any]]
     ) -> pa.RecordBatch:
         """``batch`` without the rows stamped beyond the skew bound; those become quarantine rows."""
+        skew_ms = self.max_future_skew_ms
+        assert skew_ms is not None  # only called with a bound
         kafka_ts = batch.column("kafka_ts_ms")
-        ahead = pc.and_(pc.greater_equal(kafka_ts, 0),
-                        pc.greater(batch.column("ts_ms"), pc.add(kafka_ts, self.max_future_skew_ms)))
+        ahead = pc.and_(pc.greater_equal(kafka_ts, 0), pc.greater(batch.column("ts_ms"), pc.add(kafka_ts, skew_ms)))
         if not pc.any(ahead).as_py():
             return batch
         for i in pc.indices_nonzero(ahead).to_pylist():
             rec = records[i]
             detail = (f"ts_ms {batch.column('ts_ms')[i].as_py()} is more than stream.max_future_skew_s "
-                      f"({self.max_future_skew_ms / 1000:g}s) ahead of its Kafka record's timestamp {rec.timestamp}")
+                      f"({skew_ms / 1000:g}s) ahead of its Kafka record's timestamp {rec.timestamp}")
             bad_rows.append(self._quarantine_row(topic, partition, rec, Invalid(FUTURE, detail)))
         return batch.filter(pc.invert(ahead))
 

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         KafkaSink,
         ScenarioError,
         Simulation,
+        Sink,
         SinkError,
         available_scenarios,
         load_scenario,
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         scenario = scenario.replace(duration_s=args.duration)
     epoch = _epoch(args.epoch, args.speed)
     sim = Simulation(scenario, seed=args.seed, epoch_ms=epoch)
+    sink: Sink
     try:
         if args.to == "file":
             out = args.out or f"data/simulate/{scenario.name}"

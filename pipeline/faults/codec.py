@@ -48,10 +48,12 @@ def decode_state(row: tuple[Any, ...]) -> FaultState:
             "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
         )
     header = json.loads(row[1])
-    tables = {name: from_arrow(ipc_table(bytes(blob)), schema) for (name, schema), blob in zip(_TABLES, row[2:])}
+    tables: dict[str, Any] = {name: from_arrow(ipc_table(bytes(blob)), schema)
+                              for (name, schema), blob in zip(_TABLES, row[2:])}
+    names: dict[str, Any] = {name: tuple(header[name]) for name in _NAMES}
     return FaultState(
         **{name: header[name] for name in _SCALARS},
-        **{name: tuple(header[name]) for name in _NAMES},
+        **names,
         suspects=tuple((int(b), int(o), int(r), bool(a), str(why)) for b, o, r, a, why in header.get("suspects", [])),
         ahead_tick=int(header.get("ahead_tick", -1)),
         **tables,

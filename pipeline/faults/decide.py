@@ -43,6 +43,7 @@ def decide(
         if e.revision == 0 and (e.broker, e.opened) in suspected:
             e.revision = suspected[(e.broker, e.opened)] + 1
     for e in closed:
+        assert e.closed is not None
         rows.append(ep_mod.episode_row(e, cluster, brokers, int(e.closed), seen(int(e.closed))))
         e.revision += 1
     for b in sorted(open_eps):

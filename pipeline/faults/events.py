@@ -138,7 +138,7 @@ def update_arguments(
     if n == 0:
         return iso, reach
     s_codes, s_uniques = pd.factorize(pd.Series(status, dtype=object))
-    failed_error = np.where(status == "FAILED", error, None)
+    failed_error = np.where(status == "FAILED", error, None)  # type: ignore[call-overload]  # numpy's stubs read a None value as the omitted argument
     e_codes, e_uniques = pd.factorize(pd.Series(failed_error, dtype=object), use_na_sentinel=True)
     combined = (gen.astype(np.int64) + 1) * (len(s_uniques) * (len(e_uniques) + 1)) + s_codes * (
         len(e_uniques) + 1) + (e_codes + 1)

@@ -159,15 +159,16 @@ def new_log(
                                      cfg.detector_enabled)
     status = ev.status_codes(sub["status"])
     failed = status == ev.FAILED
-    err, errors = encode(ev.error_classes(np.where(failed, sub["error"], None)), state.errors, MAX_ERROR_CLASSES)
+    failed_errors: np.ndarray = np.where(failed, sub["error"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
+    err, errors = encode(ev.error_classes(failed_errors), state.errors, MAX_ERROR_CLASSES)
     version, versions = encode(sub["client_version"], state.versions)
     triggers = np.zeros(n, dtype=bool)
     for code, name in enumerate(ev.GEN_NAMES):
         mine = gen == code
         if mine.any():
             triggers[mine] = durations_array(GENERATIONS[name], sub["latency_ms"][mine], iso[mine]) > 0
-    event_id = np.where(triggers, sub["event_id"], None)
-    error = np.where(triggers, sub["error"], None)
+    event_id: np.ndarray = np.where(triggers, sub["event_id"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
+    error: np.ndarray = np.where(triggers, sub["error"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
     log = {
         "serial": state.next_serial + np.arange(n, dtype=np.int64),
         "ts": sub["ts_ms"], "part": sub["kafka_partition"], "off": sub["kafka_offset"], "pair": ids,

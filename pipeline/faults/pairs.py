@@ -104,7 +104,7 @@ def _replay_rows(log: Cols, rows: np.ndarray) -> Cols:
     return {name: log[name][rows] for name in _REPLAY_COLUMNS}
 
 
-def _args(log: Cols, rows: np.ndarray) -> tuple[list[Any], ...]:
+def _args(log: Cols, rows: np.ndarray) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]:
     return (
         log["ts"][rows].tolist(), log["latency"][rows].tolist(), log["iso"][rows].tolist(),
         log["reach"][rows].tolist(), log["gen"][rows].tolist(), log["serial"][rows].tolist(),

@@ -17,8 +17,9 @@ windows without holding events back until the watermark.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Track:
     updates: int = 0
 
 
-def track_from_row(broker: str, row: dict[str, object]) -> Track:
+def track_from_row(broker: str, row: Mapping[str, Any]) -> Track:
     """Rebuild a track from its columns (``row`` holds plain Python values)."""
     start = row["item_start"]
     item = None if start == NONE else FaultItem(broker, row["item_latency"], start, row["item_reachable"])

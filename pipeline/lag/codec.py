@@ -57,7 +57,7 @@ def _numpy(column: pa.ChunkedArray, name: str, dtype: str) -> np.ndarray:
         arr = column.combine_chunks()
         if not pa.types.is_dictionary(arr.type):
             return arr.to_numpy(zero_copy_only=False).astype(object)
-        words = np.append(np.asarray(arr.dictionary.to_pylist(), dtype=object), None)
+        words = np.append(np.asarray(arr.dictionary.to_pylist(), dtype=object), None)  # type: ignore[call-overload]  # numpy's stubs read a None value as the omitted argument
         codes = arr.indices.fill_null(-1).to_numpy()
         return words[codes]  # -1 picks the trailing None
     return column.to_numpy().astype(dtype)

@@ -58,7 +58,7 @@ def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
             out[name] = np.full(n, default, dtype=object if dtype == "object" else dtype)
         elif name == "client_ids":  # lists: a NaN here (frames concatenated by pandas) is not iterable
             values = frame[name].to_numpy(dtype=object)
-            out[name] = np.where(pd.isna(frame[name]).to_numpy(), None, values)
+            out[name] = np.where(pd.isna(frame[name]).to_numpy(), None, values)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
         elif dtype == "object":
             out[name] = frame[name].to_numpy(dtype=object)
         elif frame[name].dtype == np.int64:

@@ -129,6 +129,14 @@ def idle_consumers(state: LagState, groups: np.ndarray) -> list[list[str]]:
     return out
 
 
+def _take(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]``; placeholders when ``values`` is empty (a group known only from a membership
+    report, before any queue of its topic: nothing is present then, and the row says None)."""
+    if len(values):
+        return values[rows]
+    return np.full(len(rows), None, dtype=object) if values.dtype == object else np.zeros(len(rows), values.dtype)
+
+
 def group_rows(
     state: LagState, view: PairView, previous: Table, touched: np.ndarray, now_ms: int, cfg: LagConfig
 ) -> tuple[pd.DataFrame, Table]:
@@ -176,17 +184,19 @@ def group_rows(
             "consumer_group": state.group_names[groups],
             "ts_ms": np.full(len(groups), now_ms, dtype=I64),
             "status": STATUS_NAMES[g_status],
-            "previous_status": np.where(prev_status >= 0, STATUS_NAMES[np.maximum(prev_status, 0)], None),
+            "previous_status": np.where(  # type: ignore[call-overload]  # numpy's stubs read None as omitted
+                prev_status >= 0, STATUS_NAMES[np.maximum(prev_status, 0)], None
+            ),
             "total_lag": nullable(_per_group(codes[main], lag[main], groups, "sum")),
             "max_time_lag_ms": nullable(max_tlag),
             "retry_lag": nullable(
                 _per_group(codes[kind == KIND_RETRY], lag[kind == KIND_RETRY], groups, "sum")
             ),
             "dlq_lag": nullable(_per_group(codes[kind == KIND_DLQ], lag[kind == KIND_DLQ], groups, "sum")),
-            "worst_topic": pick(state.topic_names[state.queues["tcode"][wq]]),
-            "worst_broker": pick(state.broker_names[state.queues["bcode"][wq]]),
-            "worst_queue_id": nullable(np.where(has_worst, state.queues["queue_id"][wq], UNKNOWN), "Int32"),
-            "worst_owner": pick(pairs["owner"][wsel]),
+            "worst_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], wq))),
+            "worst_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], wq))),
+            "worst_queue_id": nullable(np.where(has_worst, _take(state.queues["queue_id"], wq), UNKNOWN), "Int32"),
+            "worst_owner": pick(_take(pairs["owner"], wsel)),
             "queues": np.bincount(np.searchsorted(groups, codes[main]), minlength=len(groups)).astype(
                 np.int32
             ),
@@ -201,10 +211,10 @@ def group_rows(
             "event_date": utc_date(now_ms),
             "burrow_status": GROUP_STATUS_NAMES[b_status],
             "complete": complete.astype(np.float64),
-            "max_lag": nullable(np.where(has_max, view.lag[msel], UNKNOWN)),
-            "maxlag_topic": pick(state.topic_names[state.queues["tcode"][mq]], has_max),
-            "maxlag_broker": pick(state.broker_names[state.queues["bcode"][mq]], has_max),
-            "maxlag_queue_id": nullable(np.where(has_max, state.queues["queue_id"][mq], UNKNOWN), "Int32"),
+            "max_lag": nullable(np.where(has_max, _take(view.lag, msel), UNKNOWN)),
+            "maxlag_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], mq)), has_max),
+            "maxlag_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], mq)), has_max),
+            "maxlag_queue_id": nullable(np.where(has_max, _take(state.queues["queue_id"], mq), UNKNOWN), "Int32"),
         }
     )
     return rows[GROUP_STATUS.columns], _next_groups(state, previous, groups, g_status, above, now_ms)

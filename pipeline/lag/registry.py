@@ -16,6 +16,7 @@ The state of one cluster (shard) is a few column tables with integer keys:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from pipeline.lag.ownership import membership_owners
 from pipeline.lag.table import Table, encode, last_of_each, lookup, unique_ints
 from pipeline.lag.window import Windows
 from pipeline.rocketmq import MessageQueue
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 I64 = np.int64
 QUEUES = {
@@ -116,18 +120,18 @@ class Codes:
     new_qkeys: np.ndarray
 
 
-def encode_events(state: LagState, ev: object) -> tuple[LagState, Codes]:
+def encode_events(state: LagState, ev: pd.DataFrame) -> tuple[LagState, Codes]:
     """Codes for groups, topics and queues of the batch; new queues get the next qkeys."""
-    kind = ev["kind"].to_numpy()  # type: ignore[index]
+    kind = ev["kind"].to_numpy()
     n = len(kind)
     gcode = np.full(n, UNKNOWN, dtype=I64)
     has_group = kind != SEND
-    gcode[has_group], groups = encode(state.group_names, ev["consumer_group"].to_numpy()[has_group])  # type: ignore[index]
-    tcode, topics = encode(state.topic_names, ev["topic"].to_numpy())  # type: ignore[index]
+    gcode[has_group], groups = encode(state.group_names, ev["consumer_group"].to_numpy()[has_group])
+    tcode, topics = encode(state.topic_names, ev["topic"].to_numpy())
     has_queue = kind != MEMBERSHIP
     bcode = np.full(n, UNKNOWN, dtype=I64)
-    bcode[has_queue], brokers = encode(state.broker_names, ev["broker_name"].to_numpy()[has_queue])  # type: ignore[index]
-    qcode = qcode_of(tcode[has_queue], bcode[has_queue], ev["queue_id"].to_numpy()[has_queue])  # type: ignore[index]
+    bcode[has_queue], brokers = encode(state.broker_names, ev["broker_name"].to_numpy()[has_queue])
+    qcode = qcode_of(tcode[has_queue], bcode[has_queue], ev["queue_id"].to_numpy()[has_queue])
     queues, next_qkey, new_qkeys = _register(state.queues, state.next_qkey, qcode, topics)
     order = np.argsort(queues["qcode"], kind="stable")
     pos, _ = lookup(queues["qcode"][order], qcode)
@@ -176,13 +180,13 @@ def _register(
 
 
 def update_offsets(
-    queues: Table, ev: object, qkey: np.ndarray
+    queues: Table, ev: pd.DataFrame, qkey: np.ndarray
 ) -> tuple[Table, np.ndarray, dict[str, np.ndarray]]:
     """New max offsets and last-seen times; returns (queues, changed qkeys, max-offset observations)."""
-    kind = ev["kind"].to_numpy()  # type: ignore[index]
-    ts = ev["ts_ms"].to_numpy()  # type: ignore[index]
-    qoff = ev["queue_offset"].to_numpy()  # type: ignore[index]
-    boff = ev["broker_offset"].to_numpy()  # type: ignore[index]
+    kind = ev["kind"].to_numpy()
+    ts = ev["ts_ms"].to_numpy()
+    qoff = ev["queue_offset"].to_numpy()
+    boff = ev["broker_offset"].to_numpy()
     sent = (kind == SEND) & (qoff >= 0)
     polled = (kind == PROGRESS) & (boff >= 0)
     obs = {
@@ -199,36 +203,36 @@ def update_offsets(
     return queues.replace(max_offset=new, last_seen_ms=seen), queues["qkey"][new != old], obs
 
 
-def update_index(index: OffsetIndex, ev: object, qkey: np.ndarray, max_points: int) -> OffsetIndex:
+def update_index(index: OffsetIndex, ev: pd.DataFrame, qkey: np.ndarray, max_points: int) -> OffsetIndex:
     """Send results (queue_offset at ts) and progress (consumer_offset - 1 at last_timestamp)."""
-    kind = ev["kind"].to_numpy()  # type: ignore[index]
-    qo = ev["queue_offset"].to_numpy()  # type: ignore[index]
-    co = ev["consumer_offset"].to_numpy()  # type: ignore[index]
-    lt = ev["last_timestamp_ms"].to_numpy()  # type: ignore[index]
+    kind = ev["kind"].to_numpy()
+    qo = ev["queue_offset"].to_numpy()
+    co = ev["consumer_offset"].to_numpy()
+    lt = ev["last_timestamp_ms"].to_numpy()
     sent = (kind == SEND) & (qo >= 0)
     consumed = (kind == PROGRESS) & (co >= 1) & (lt > 0)
     return add_points(
         index,
         np.concatenate([qkey[sent], qkey[consumed]]),
         np.concatenate([qo[sent], co[consumed] - 1]),
-        np.concatenate([ev["ts_ms"].to_numpy()[sent], lt[consumed]]),  # type: ignore[index]
+        np.concatenate([ev["ts_ms"].to_numpy()[sent], lt[consumed]]),
         max_points,
     )
 
 
-def update_members(members: Table, ev: object, codes: Codes) -> tuple[Table, np.ndarray, np.ndarray]:
+def update_members(members: Table, ev: pd.DataFrame, codes: Codes) -> tuple[Table, np.ndarray, np.ndarray]:
     """Latest membership per (group, topic). Returns (members, reported mkeys, changed mkeys)."""
-    sel = np.flatnonzero(ev["kind"].to_numpy() == MEMBERSHIP)  # type: ignore[index]
+    sel = np.flatnonzero(ev["kind"].to_numpy() == MEMBERSHIP)
     if len(sel) == 0:
         return members, np.empty(0, dtype=I64), np.empty(0, dtype=I64)
     mkey = pair_key(codes.gcode[sel], codes.tcode[sel])
     _, last = last_of_each(mkey)  # the last report per (group, topic)
     sel, mkey = sel[last], mkey[last]
-    ts = ev["ts_ms"].to_numpy()[sel]  # type: ignore[index]
+    ts = ev["ts_ms"].to_numpy()[sel]
     cids = np.empty(len(sel), dtype=object)
     # Spark hands list columns over as numpy arrays, tests as tuples; None = no members
-    cids[:] = [tuple(sorted(set(() if c is None else c))) for c in ev["client_ids"].to_numpy()[sel]]  # type: ignore[index]
-    strategy = ev["strategy"].to_numpy()[sel]  # type: ignore[index]
+    cids[:] = [tuple(sorted(set(() if c is None else c))) for c in ev["client_ids"].to_numpy()[sel]]
+    strategy = ev["strategy"].to_numpy()[sel]
     pos, found = lookup(members["mkey"], mkey)
     p = np.minimum(pos, max(len(members) - 1, 0))
     newer = ~found | (ts >= np.where(found, members["ts_ms"][p] if len(members) else 0, 0))

@@ -67,7 +67,7 @@ def effective_offsets(
 def applied_policy(raw: np.ndarray, kind: np.ndarray, policy: np.ndarray) -> np.ndarray:
     """The ``start_policy`` column: which rule turned -1 into an offset (None when not -1)."""
     names = np.array(POLICIES, dtype=object)[np.clip(policy, 0, 2)]
-    out = np.where(raw == -1, names, None)
+    out: np.ndarray = np.where(raw == -1, names, None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
     out[(raw == -1) & (kind == KIND_DLQ)] = DLQ_POLICY
     return out
 

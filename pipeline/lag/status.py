@@ -61,7 +61,7 @@ def complete(w: Windows) -> np.ndarray:
 
 def lag_always_not_zero(w: Windows, allowed_lag: int) -> np.ndarray:
     """Rule 1 (``isLagAlwaysNotZero``): no commit's known lag is at or below ``allowed_lag``."""
-    return ~(_known_lag(w) & (w.lag <= allowed_lag)).any(axis=1)
+    return ~(_known_lag(w) & (w.lag <= allowed_lag)).any(axis=1)  # type: ignore[return-value]  # 2-D: an array
 
 
 def offsets_rewind(w: Windows) -> np.ndarray:
@@ -154,7 +154,7 @@ def recent_lag_zero(w: Windows, broker_min: np.ndarray | int) -> np.ndarray:
 def caught_up_recently(w: Windows, now_ms: np.ndarray | int, grace_ms: int, allowed_lag: int) -> np.ndarray:
     """faultwatch's stop excuse: a commit with lag <= ``allowed_lag`` no older than ``grace_ms``."""
     recent = w.ts >= (np.asarray(now_ms, dtype=I64).reshape(-1, 1) - grace_ms)
-    return (_known_lag(w) & (w.lag <= allowed_lag) & recent).any(axis=1)
+    return (_known_lag(w) & (w.lag <= allowed_lag) & recent).any(axis=1)  # type: ignore[return-value]  # 2-D: an array
 
 
 BURROW_RULES = (

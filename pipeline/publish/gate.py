@@ -10,12 +10,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pipeline.config import PolicyConfig
 from pipeline.policy.model import AVOID, Decision, Snapshot
 from schemas import avoidance_suite as suites
+
+if TYPE_CHECKING:  # pragma: no cover
+    from great_expectations.core import ExpectationValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +107,12 @@ def validation_frames(snapshot: Snapshot, decision: Decision) -> dict[str, pd.Da
     }
 
 
-def _describe(suite: str, result: object) -> str:
-    cfg = result.expectation_config  # type: ignore[attr-defined]
+def _describe(suite: str, result: ExpectationValidationResult) -> str:
+    cfg = result.expectation_config
+    assert cfg is not None  # a suite's results carry their expectation
     kwargs = {k: v for k, v in cfg.kwargs.items() if k in ("column", "column_A", "column_B", "column_list")}
     where = ",".join(str(v) for v in kwargs.values())
-    unexpected = (result.result or {}).get("unexpected_count")  # type: ignore[attr-defined]
+    unexpected = (result.result or {}).get("unexpected_count")
     tail = f" ({unexpected} unexpected)" if unexpected else ""
     return f"{suite}:{cfg.type}({where}){tail}"
 

@@ -162,12 +162,12 @@ def group_conditions(rows: Iterable[Mapping[str, Any]], time_lag_bound_ms: int) 
     out = []
     for (cluster, group), r in sorted(newest.items()):
         time_lag = r.get("max_time_lag_ms")
-        over = time_lag is not None and time_lag > time_lag_bound_ms
-        if r["status"] not in GROUP_ALERT_STATUSES and not over:
+        over = time_lag if time_lag is not None and time_lag > time_lag_bound_ms else None
+        if r["status"] not in GROUP_ALERT_STATUSES and over is None:
             continue
         why = [f"status {r['status']}"] if r["status"] in GROUP_ALERT_STATUSES else []
-        if over:
-            why.append(f"time lag {time_lag / 1000:.0f} s over {time_lag_bound_ms / 1000:.0f} s")
+        if over is not None:
+            why.append(f"time lag {over / 1000:.0f} s over {time_lag_bound_ms / 1000:.0f} s")
         severity = "critical" if r["status"] in ("STOP", "STALL", "REWIND") else "warning"
         out.append(Condition(
             f"{CONSUMER_GROUP}|{cluster}|{group}", CONSUMER_GROUP, severity, cluster, {"consumer_group": group},

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.rocketmq.fault import FaultState, FaultTable, Generation, rank_49
 from pipeline.rocketmq.outcomes import SUCCESS_STATUSES, update_args_for
@@ -232,6 +232,8 @@ class ProducerSelector:
     # Whether send_attempts may inline select and record, fixed when a subclass is defined: one
     # attribute read per message instead of looking both methods up on the class.
     _inline_steps: ClassVar[bool] = True
+    if TYPE_CHECKING:  # set by ``state``'s descriptor; not a field at run time
+        _faults: FaultTable = field(init=False, repr=False, compare=False)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -214,7 +214,7 @@ class MachineRoomNearby:
         result: list[MessageQueue] = []
         current_room = self.consumer_rooms.get(current_cid)
         local = mq_by_room.pop(current_room, None) if current_room is not None else None
-        if local:
+        if local and current_room is not None:
             result.extend(
                 _non_null(self.inner.allocate(consumer_group, current_cid, local, cid_by_room[current_room]))
             )

@@ -144,7 +144,7 @@ def _settle(track: BrokerTrack, changes: list[WindowChange]) -> BrokerTrack:
     if window is not None:
         if unavailable:
             if after != window.end_ms:
-                assert changer is not None
+                assert changer is not None and after is not None
                 kind: ChangeKind = "extended" if after > window.end_ms else "shortened"
                 window = _replace(window, end_ms=after, last_index=changer[0])
                 changes.append(WindowChange(kind, window))

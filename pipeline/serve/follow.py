@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -24,6 +25,9 @@ import pyarrow.fs as pa_fs
 
 from pipeline.deltaio import table_uri
 from schemas.errors import FaultwatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from deltalake import DeltaTable
 
 Reducer = Callable[[pa.Table], pa.Table]
 
@@ -66,6 +70,7 @@ def latest_per_key(keys: Sequence[str], order: str) -> Reducer:
             col = ordered.column(f"k{i}")
             diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
             changed = diff if changed is None else pc.or_(changed, diff)
+        assert changed is not None  # keys is not empty
         first = pa.concat_arrays([pa.array([True]), *changed.chunks])
         return table.take(ordered.column("row").filter(first))
 
@@ -87,7 +92,7 @@ class TableFollower:
         self.view: pa.Table | None = None
         self.error: str | None = None
         self.version: int | None = None
-        self._dt = None
+        self._dt: DeltaTable | None = None
         self._seen: set[str] = set()
 
     def refresh(self) -> None:

@@ -103,8 +103,11 @@ class Snapshot:
 
 
 class _HasHealth(Protocol):
-    state: ServeState
-    refresh: RefreshStats
+    @property
+    def state(self) -> ServeState: ...
+
+    @property
+    def refresh(self) -> RefreshStats: ...
 
 
 def health(snapshot: _HasHealth | None, cfg: Config, now_ms: int) -> tuple[int, list[str]]:

@@ -196,19 +196,20 @@ class ProducerLink:
         if not healthy:
             cached = self._cache.get(broker)
             healthy = cached is not None and not cached[2] and cached[0] <= begin < cached[1]
+        error: str | None
         if budget > 0 and healthy:
             median, sigma = self._base[broker]
             # rng.gauss(0.0, 1.0), inlined with the same draws and the same cached second value
             # (``gauss_next``, shared with the model's own calls): this runs once per event.
             rng = self._rng
-            z = rng.gauss_next
+            z = rng.gauss_next  # type: ignore[attr-defined]  # CPython's Random has it; typeshed omits it
             if z is None:
                 x2pi = self._random() * _TWOPI
                 g2rad = _sqrt(-2.0 * _log(1.0 - self._random()))
                 z = _cos(x2pi) * g2rad
-                rng.gauss_next = _sin(x2pi) * g2rad
+                rng.gauss_next = _sin(x2pi) * g2rad  # type: ignore[attr-defined]
             else:
-                rng.gauss_next = None
+                rng.gauss_next = None  # type: ignore[attr-defined]
             latency = int(median * _exp(sigma * z))
             if latency < budget:
                 self.clock = begin + latency

@@ -133,11 +133,11 @@ class Simulation:
                 cid = f"10.10.{block}.{i % 250 + 1}@{3000 + i}"
                 self.producers.append(SimProducer(spec, cid, cluster, route, logs, self.model, self.seed, self.epoch_ms))
         self.groups: list[GroupSim] = []
-        for gi, spec in enumerate(scenario.consumers):
-            cluster = cluster_of(spec.cluster, scenario)
-            logs = self._logs(cluster, spec.topic, True)
-            events = [e for e in scenario.consumer_events if e.group == spec.group]
-            self.groups.append(GroupSim(spec, gi, cluster, list(logs.values()), self.model, events, self.epoch_ms))
+        for gi, group in enumerate(scenario.consumers):
+            cluster = cluster_of(group.cluster, scenario)
+            logs = self._logs(cluster, group.topic, True)
+            events = [e for e in scenario.consumer_events if e.group == group.group]
+            self.groups.append(GroupSim(group, gi, cluster, list(logs.values()), self.model, events, self.epoch_ms))
         # Attempt rows not emitted yet, by time, each list in the order the producers made them. A
         # tick takes its due times in order: cheaper than sorting all rows by their (multi-digit)
         # int timestamps, and rows of equal time keep the producers' order as that stable sort did.
