@@ -251,6 +251,8 @@ class LagConfig:
     shards: int = 1
     # A shard without new events is re-evaluated (STOP, expiry) when event time has moved this far.
     idle_evaluation_s: float = 30.0
+    # The combined query judges lag on this event-time grid, once the settle point has passed it.
+    evaluation_interval_s: float = 5.0
     # A queue_lag row per (group, queue) at most this often while nothing changes; a new queue and a
     # status change always get a row (0 = a row for every batch with a commit).
     queue_row_interval_s: float = 60.0
@@ -265,6 +267,7 @@ class LagConfig:
             "queue_idle_expiry_s",
             "shards",
             "idle_evaluation_s",
+            "evaluation_interval_s",
             "broker_offset_refresh_ms",
         )
         if self.allowed_lag < 0:

@@ -32,7 +32,7 @@ from pipeline.config import Config
 from pipeline.faults import EVENT_COLUMNS
 from pipeline.faults.concern import BrokerFaults
 from pipeline.ipc import ipc_bytes
-from pipeline.lag.concern import Lag
+from pipeline.lag.concern import GridLag
 from pipeline.stateful import Concern
 from streaming.delta_sink import WRITTEN
 from streaming.faults_query import FAULT_TABLES, release_memory
@@ -51,7 +51,8 @@ STATE_DDL = "blob BINARY"
 NOW = "_now_ms"
 EVENT_TIME = "_event_time"
 # Bumped whenever the keys or the state's shape change: an older checkpoint is then refused.
-LAYOUT = 2
+# 3: the lag keys keep their unsettled events and judge on the event-time grid (GridLag).
+LAYOUT = 3
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"
@@ -112,7 +113,7 @@ def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Co
 
 
 def _lag_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:
-    return _step(Lag(cfg.lag, int(cfg.stream.watermark_delay_s * 1000)), cluster, frames, state)
+    return _step(GridLag(cfg.lag), cluster, frames, state)
 
 
 def combined_function(cfg: Config) -> Any:

@@ -179,6 +179,12 @@ def _adopt_cluster(state: LagState, ev: pd.DataFrame) -> LagState:
     return state
 
 
+def late_rows(events: pd.DataFrame, watermark_ms: int) -> pd.DataFrame:
+    """Quarantine rows (reason ``late``) for events at or before ``watermark_ms``; a caller that
+    buffers events itself (:class:`pipeline.lag.concern.GridLag`) screens them with this."""
+    return _quarantine_rows(_reject_late(normalize_events(events), watermark_ms)[1])
+
+
 def _reject_late(ev: pd.DataFrame, watermark_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Events at or before the watermark: too late to apply (the same rule as the fault step)."""
     if watermark_ms <= 0 or ev.empty:

@@ -3,12 +3,12 @@
 The simulator's broker outage goes into Kafka first; then ``faultwatch stream --once`` runs twice
 over it into two storage roots: small micro-batches on four shuffle partitions, and large ones on
 one. Nothing may be quarantined as late (the settle point follows the slowest partition); the
-bronze tables and ``broker_health`` must be equal as whole tables; ``producer_fault_windows`` and
+bronze tables, ``broker_health`` and the lag tables (``queue_lag``, ``group_status``: judged on
+the event-time grid once settled) must be equal as whole tables; ``producer_fault_windows`` and
 ``broker_fault_episodes`` in their current view (latest revision per id) without ``revision`` and
 ``updated_ms``. Those two tables write a row per change per micro-batch: a window extended in
 three micro-batches has three open rows where one large batch writes one, and a run with more
-micro-batches may write the suspicion an episode started as before the watermark decided it. The
-lag tables are judged at each micro-batch's newest event time, so they are not compared here.
+micro-batches may write the suspicion an episode started as before the watermark decided it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.integration.processes import start_faultwatch, write_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-WHOLE = ("send_results", "consumer_progress", "group_membership", "broker_health")
+WHOLE = ("send_results", "consumer_progress", "group_membership", "broker_health", "queue_lag", "group_status")
 
 
 def run(cfg: Config, tmp: Path, name: str, batch: int, partitions: int) -> Config:
@@ -59,6 +59,7 @@ def test_micro_batches_and_shuffle_partitions_change_no_fault_table(kafka: Any, 
     for table in WHOLE:
         assert rows(small, table) == rows(large, table), table
     assert read_table(small.storage.root, "producer_fault_windows").num_rows > 0
+    assert read_table(small.storage.root, "queue_lag").num_rows > 0
 
     def view(c: Config, table: str, key: str) -> list[str]:
         latest = current_view(read_table(c.storage.root, table).to_pylist(), key)
