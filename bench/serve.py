@@ -328,7 +328,9 @@ def main() -> None:
     mix = {"metrics": "/metrics only", "status": "a random group's status only"}.get(
         args.only or "", "half /metrics, half a random group's status")
     pace = f"{args.rate:g} requests/s in all" if args.rate else "each sends its next request when answered"
-    print(f"load: {args.concurrency} keep-alive clients ({pace}; bench/httpload.py, a process of its own) for "
+    loops = sorted({out.get("loop", "?") for runs in results.values() for out in runs})
+    print(f"load: {args.concurrency} keep-alive clients ({pace}; bench/httpload.py on {'/'.join(loops)}, "
+          f"a process of its own) for "
           f"{args.seconds:.0f}s per phase, {mix} (/metrics is {body / 1e6:.2f} MB, gzip-compressed for these "
           f"clients as for Prometheus); {'no writes' if args.no_writer else 'new rows committed every 2s'}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
