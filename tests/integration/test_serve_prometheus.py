@@ -81,7 +81,9 @@ def prometheus_ready(base: str) -> bool:
 
 
 def test_prometheus_scrapes_the_episode_and_the_lagging_group(kafka, cfg: Config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cfg = unique_topics(cfg, kafka, "serve-prom").replace(stream__trigger_interval_s=0.5)
+    # lag is judged once event time has settled past it: a short delay judges it near the run's end
+    cfg = unique_topics(cfg, kafka, "serve-prom").replace(stream__trigger_interval_s=0.5,
+                                                          stream__watermark_delay_s=5.0)
     conf = write_config(cfg, tmp_path / "fw.toml", serve={"refresh_interval_s": 1.0})
     log = tmp_path / "run.log"
     epoch = str(int(time.time() * 1000) - 120_000)
@@ -109,8 +111,10 @@ def test_prometheus_scrapes_the_episode_and_the_lagging_group(kafka, cfg: Config
         # The lagging group: CG_analytics has the most lag, thousands of messages, growing.
         worst = query(base, "topk(1, faultwatch_group_lag_messages)")
         assert worst[0]["metric"]["group"] == "CG_analytics" and float(worst[0]["value"][1]) > 1000, worst
+        # CG_orders keeps up: OK, its lag at most what arrives between two of its commits
         keeping_up = query(base, 'faultwatch_group_lag_messages{group="CG_orders"}')
-        assert float(keeping_up[0]["value"][1]) < float(worst[0]["value"][1]) / 10, keeping_up
+        assert float(keeping_up[0]["value"][1]) < float(worst[0]["value"][1]) / 3, keeping_up
+        assert query(base, 'faultwatch_group_status{group="CG_orders",status="OK"} == 1')
         status = query(base, 'faultwatch_group_status{group="CG_analytics"} == 1')
         assert len(status) == 1, status
         worst_queue = query(base, 'topk(1, faultwatch_queue_lag_messages)')
