@@ -1,12 +1,13 @@
 """A lean HTTP/1.1 server for ``faultwatch serve``: asyncio protocols, httptools' parser, keep-alive.
 
 Every answer serve gives is already rendered to bytes by the refresh, so what a request costs is
-the HTTP layer's own: aiohttp's took ~75-115 us of CPU per request here, this one ~25-35 us
-(docs/performance.md). It runs on asyncio's own loop: uvloop's was ~20 % faster, but under load
-it left newly accepted connections unanswered for up to ~0.5 s. It serves GET and HEAD only
-(anything else is a 405), answers pipelined requests in order, checks basic auth (a bcrypt check
-runs in a thread, the connection waits), bounds request heads, pauses reading while a client
-does not read its answers, and closes connections idle for ``idle_timeout_s``. TLS is asyncio's.
+the HTTP layer's own: aiohttp's took ~80-135 us of CPU per request here, this one ~30-50 us, about
+what a trivial server answering the same bytes costs (docs/performance.md). It runs on asyncio's
+loop: uvloop's was ~20 % faster, but under load it left newly accepted connections unanswered
+for up to ~0.5 s. It serves GET and HEAD only (anything else is a 405), answers pipelined
+requests in order, checks basic auth (bcrypt in a thread while the connection waits), bounds
+request heads, stops reading from a client that does not read its answers, and closes
+connections idle for ``idle_timeout_s``. TLS is asyncio's.
 """
 
 from __future__ import annotations
