@@ -1,37 +1,18 @@
 """Does the faultwatch feed cut send failures? Measured on the simulator's broker-outage scenario.
 
 Twenty producers of one client version send to four brokers; broker-b refuses connections from
-30 s to 90 s. Three runs per version, same seed:
+30 s to 90 s. Three runs per version, same seed: (a) ``off`` (sendLatencyFaultEnable=false,
+RocketMQ's default); (b) ``local`` (RocketMQ's local latency fault tolerance only); (c)
+``local+feed``: (b) plus the feed, where every ``--cycle-s`` of simulated time the publisher decides
+from what the streaming job has written by then, validates with the GX gate, and the producers'
+``FeedAwareSelector`` applies the list. Counted: first-attempt and final send failures, over the run
+and from the first published cycle on. Goal: (c) cuts first-attempt failures by >= 80 % against (b).
 
-  (a) off         sendLatencyFaultEnable=false (RocketMQ's default)
-  (b) local       RocketMQ's local latency fault tolerance only
-  (c) local+feed  (b) plus the faultwatch feed: every ``--cycle-s`` of simulated time the publisher
-                  decides from the tables the streaming job has written by then, validates with the
-                  GX gate, encodes the wire format, and the producers' ``FeedAwareSelector`` applies it
-
-Counted: first-attempt send failures (attempt 0 failed) and final failures (every attempt of a
-message failed), over the whole run and from the first published cycle on. Goal: (c) cuts
-first-attempt failures by >= 80% against (b) from the first published cycle on.
-
-Nothing is stood in for. The simulated send results are what the producers' hooks write to Kafka
-(keyed by broker, one partition per key, offsets in write order); the streaming job reads those
-stamped up to ``t - --lag-s`` at a cycle at ``t``, in micro-batches of ``stream.trigger_interval_s``
-of event time, and runs the real fault step on them (:func:`pipeline.faults.fleet_step`, with the
-job's watermark delay ``stream.watermark_delay_s``). Every row the step appends to
-``producer_fault_windows``, ``broker_fault_episodes`` and ``broker_health`` is kept as an Arrow table
-of the table's own schema, and the publisher reduces them as it reduces the Delta tables
-(:func:`pipeline.policy.inputs.build_snapshot`: latest revision per id), then runs
-:func:`pipeline.publish.cycle.recommend` and :func:`~pipeline.publish.cycle.validate`; the previous
-list comes from the history and cycle rows a published cycle appends
-(:func:`pipeline.policy.inputs.previous_state`). The publisher's read filters (``broker_seen_s``,
-``repeat_period_s`` back) cannot exclude anything in a run this short and are not applied.
-
-How early the feed can act is therefore set by the pipeline, not by this script: an episode is
-decided at grid points the watermark has passed (``watermark_delay_s`` behind the newest event the
-job has read, itself ``--lag-s`` behind the cycle), but it is written as "suspected" as soon as the
-rules hold on the events read so far, and the policy acts on a suspected episode as on an open one.
-Its row also counts the cluster's brokers, so the share cap has its denominator before the first
-health minute is final.
+Nothing is stood in for: the job's reads lag the cycle by ``--lag-s`` and run the real fault step
+(:func:`pipeline.faults.fleet_step`) with the job's watermark delay; the publisher reduces the rows
+as it reduces the Delta tables (:func:`pipeline.policy.inputs.build_snapshot`) and runs the real
+``recommend`` and ``validate``. How early the feed can act is therefore set by the pipeline (a
+suspected episode is acted on at once), not by this script.
 
 Run: ``.venv/bin/python bench/effectiveness.py [--versions 5.3.3] [--outage-s 60]``.
 """

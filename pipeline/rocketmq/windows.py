@@ -3,9 +3,8 @@
 A window is half-open, ``[start_ms, end_ms)``: it opens when an update leaves the broker's
 avoid-until time after the update's own timestamp, and ``end_ms`` is that avoid-until time, the
 moment the client would pick the broker again. Availability is a function of time: a probe at ``t``
-sees every event with ``ts <= t``. So the events sharing one timestamp act as one group, and only the
-state after the whole group counts; a window that opens and closes within one millisecond is
-invisible and never reported. A window that ends at ``T`` and one that opens at ``T`` are one window.
+sees every event with ``ts <= t``, so events sharing one timestamp act as one group (a window that
+opens and closes within one millisecond is never reported; windows meeting at ``T`` are one).
 
 Streaming (per producer x broker, events in micro-batches, ordered by (ts, seq) within a producer):
 
