@@ -103,11 +103,6 @@ class GridState:
     judged_ms: int = 0  # the last grid point evaluated (0: none yet)
 
 
-# A total order of events that does not depend on how they were cut into batches.
-_EVENT_ORDER = [("ts_ms", "ascending"), ("kind", "ascending"), ("src_topic", "ascending"),
-                ("src_partition", "ascending"), ("src_offset", "ascending")]
-
-
 @dataclass(frozen=True)
 class GridLag:
     """The lag state judged on an event-time grid settled by the batch's settle point (module doc)."""
@@ -154,7 +149,8 @@ class GridLag:
                outputs: dict[str, list[pd.DataFrame]]) -> LagState:
         """Apply ``due`` (the events up to ``top``) bucket by bucket, each judged at its end; a state
         holding something is also judged at every multiple of ``idle_ms`` after its last judgment."""
-        frame = due.sort_by(_EVENT_ORDER).to_pandas() if due is not None and due.num_rows else pd.DataFrame()
+        # by time only: within a bucket the step puts its events in a fixed order itself
+        frame = due.sort_by("ts_ms").to_pandas() if due is not None and due.num_rows else pd.DataFrame()
         ts = frame["ts_ms"].to_numpy() if len(frame) else np.zeros(0, dtype=np.int64)
         buckets = sorted(set((-(-ts // self.interval_ms) * self.interval_ms).tolist()))
         lo = 0
