@@ -50,7 +50,7 @@ S = 1000
 MODES = ("off", "local", "local+feed")
 # SendResult row positions (pipeline/simulate/producers.py builds rows in SendResult field order).
 TS, CLIENT, BROKER, STATUS, LATENCY, ATTEMPT = 1, 4, 7, 9, 10, 13
-FAULT_TABLES = {"windows": "producer_fault_windows", "episodes": "broker_fault_episodes",
+FAULT_TABLES = {"windows": "producer_fault_windows_live", "episodes": "broker_fault_episodes_live",
                 "health": "broker_health"}
 
 

@@ -8,11 +8,12 @@
 2. runs each configuration as its own process the way ``faultwatch stream --once`` does
    (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
    (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
-   --only faults``: each reads Kafka); (c) bronze + faults as one query (the default concern
-   ``bronze_faults``: one Kafka read, one sink). Prints events/s, the ratio to (a), the peak RSS of that process tree
+   --only faults``: each reads Kafka); (c) bronze + faults as one query (``--only bronze_faults``:
+   one Kafka read, one sink); and with ``--shapes ...,default`` the default job (bronze, faults
+   and lag in one query). Prints events/s, the ratio to (a), the peak RSS of that process tree
    (driver + JVM + Python workers) and per micro-batch its duration and the fault state's size (Spark's progress);
-3. live, for (c) and (b): a 1 s trigger while another process sends ``--rate`` events/s stamped
-   with the wall clock; this process polls ``producer_fault_windows`` in Delta every 100 ms.
+3. live, for each shape but (a): a 1 s trigger while another process sends ``--rate`` events/s stamped
+   with the wall clock; this process polls ``producer_fault_windows_live`` in Delta every 100 ms.
    Detection latency = when a window's first row became readable minus its start (the trigger
    event's time, which is also its Kafka timestamp), over windows opened after a warm-up.
 
@@ -39,7 +40,8 @@ from bench.common import log_tail, run_measured, run_parallel
 from pipeline.config import Config
 
 BROKERS, PRODUCERS = 50, 500
-SHAPES = {"bronze": "bronze only", "separate": "bronze + faults, two queries", "combined": "bronze + faults, one query"}
+SHAPES = {"bronze": "bronze only", "separate": "bronze + faults, two queries", "combined": "bronze + faults, one query",
+          "default": "the default job (+ lag)"}
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -114,7 +116,8 @@ def bench_config(bootstrap: str, topic: str, work: Path, name: str, **extra: Any
     return cfg.replace(**extra) if extra else cfg
 
 
-CONCERNS = {"bronze": ["bronze"], "separate": ["bronze", "faults"], "combined": ["bronze_faults"]}
+CONCERNS = {"bronze": ["bronze"], "separate": ["bronze", "faults"], "combined": ["bronze_faults"],
+            "default": ["combined"]}
 
 
 def writers(spark: Any, cfg: Config, shape: str) -> dict[str, Any]:
@@ -179,7 +182,7 @@ def poll_windows(root: str, stop: threading.Event, seen: dict[str, tuple[int, fl
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    path = str(Path(root) / "producer_fault_windows")
+    path = str(Path(root) / "producer_fault_windows_live")
     files: set[str] = set()
     while not stop.is_set():
         try:
@@ -253,7 +256,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-faults-"))
     print(f"bench/faults: {n} send results, {BROKERS} brokers, {PRODUCERS} producers, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
-    topics = ["bench.warm", "bench.send-results", "bench.live-combined", "bench.live-separate", *Config().topics.all()]
+    topics = ["bench.warm", "bench.send-results", *(f"bench.live-{s}" for s in SHAPES), *Config().topics.all()]
     with start_local_kafka(topics=topics, partitions=args.partitions) as kafka:
         secs = preload(kafka.bootstrap, "bench.send-results", n)
         preload(kafka.bootstrap, "bench.warm", 20_000)

@@ -128,7 +128,7 @@ def build_tables(root: Path, groups: int, queues: int) -> None:
         "latency_p99_ms": [rng.random() * 50 for _ in range(len(brokers) * len(minutes))],
         "event_date": [time.strftime("%Y-%m-%d", time.gmtime(now / 1000))] * (len(brokers) * len(minutes)),
     })
-    _write(root, "broker_fault_episodes", {
+    _write(root, "broker_fault_episodes_live", {
         "episode_id": [f"{c}|{b}|{now}" for c, b in brokers[:5]], "cluster": [c for c, _ in brokers[:5]],
         "broker_name": [b for _, b in brokers[:5]], "opened_ms": [now - 30_000] * 5, "state": ["open"] * 5,
         "reason": ["quorum"] * 5, "updated_ms": [now] * 5,

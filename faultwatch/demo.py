@@ -96,7 +96,7 @@ class Publisher(threading.Thread):
 
 # The tables the publisher's snapshot reads (see pipeline/policy/inputs.py); each is created empty
 # (version 0) before the streaming job starts.
-FAULT_INPUTS = ("broker_fault_episodes", "broker_health", "producer_fault_windows")
+FAULT_INPUTS = ("broker_fault_episodes_live", "broker_health", "producer_fault_windows_live")
 
 
 @contextlib.contextmanager

@@ -49,11 +49,11 @@ def take_snapshot(root: str) -> DemoSnapshot:
     snap = DemoSnapshot()
     snap.bronze_rows = read_table(root, "send_results", columns=["event_id"]).num_rows
     snap.quarantined = read_table(root, "quarantine", columns=["reason"]).num_rows
-    episodes = read_table(root, "broker_fault_episodes")
+    episodes = read_table(root, "broker_fault_episodes_live")
     if episodes.num_rows:
         current = [e for e in latest_revision(episodes, "episode_id").to_pylist() if e["state"] != "withdrawn"]
         snap.episodes = sorted(current, key=lambda e: e["opened_ms"])
-    windows = read_table(root, "producer_fault_windows", columns=["window_id", "cluster", "broker_name", "state", "revision", "client_id"])
+    windows = read_table(root, "producer_fault_windows_live", columns=["window_id", "cluster", "broker_name", "state", "revision", "client_id"])
     open_windows: dict[tuple[str, str], set[str]] = {}
     if windows.num_rows:
         current = latest_revision(windows, "window_id")

@@ -50,9 +50,10 @@ BRONZE_KINDS = ("send_result", "consumer_progress", "group_membership")
 STATE_DDL = "blob BINARY"
 NOW = "_now_ms"
 EVENT_TIME = "_event_time"
-# Bumped whenever the keys or the state's shape change: an older checkpoint is then refused.
-# 3: the lag keys keep their unsettled events and judge on the event-time grid (GridLag).
-LAYOUT = 3
+# Bumped whenever the keys, the state's shape or what the tables hold change: an older checkpoint
+# is then refused. 3: the lag keys keep their unsettled events and judge on the event-time grid
+# (GridLag). 4: windows and episodes go to the *_live changelogs; the silver tables get final rows.
+LAYOUT = 4
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"

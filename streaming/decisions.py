@@ -71,8 +71,13 @@ class ClusterDecisions:
         self._save(batch_id, states, settle)
         if not episodes:
             return []
+        from pipeline.faults.concern import with_settled
         from schemas.tables import table
 
-        data = pa.Table.from_pylist(episodes, schema=table("broker_fault_episodes").arrow_schema())
+        live = "broker_fault_episodes_live"
+        data = pa.Table.from_pylist(episodes, schema=table(live).arrow_schema())
         prefix = f"part-{self.file_tag}-b{batch_id}-decided"
-        return write_table_files(self.root, "broker_fault_episodes", data, lambda i: f"{prefix}-{i}")
+        files = []
+        for name, rows in with_settled({live: data}).items():
+            files += write_table_files(self.root, name, rows, lambda i: f"{prefix}-{i}")
+        return files

@@ -1,8 +1,8 @@
 """The ``faults`` query: a thin Spark shim over :func:`pipeline.faults.fleet_step`, reading Kafka itself.
 
 ``faultwatch stream --only faults`` (with ``--only bronze`` as a second query): its own Kafka read
--> ``applyInPandasWithState`` under one constant key -> routed rows for ``producer_fault_windows``,
-``broker_fault_episodes``, ``broker_health``, ``quarantine``. Kept for running the fault state on
+-> ``applyInPandasWithState`` under one constant key -> routed rows for the fault tables
+(:data:`FAULT_TABLES`). Kept for running the fault state on
 its own (e.g. replaying it on a new checkpoint without rewriting bronze); the default job runs the
 same rules per cluster in :mod:`streaming.combined_query`.
 
@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.streaming import DataStreamWriter
 
 NAME = "faults"
-FAULT_TABLES = ("producer_fault_windows", "broker_fault_episodes", "broker_health", "quarantine")
+FAULT_TABLES = ("producer_fault_windows_live", "producer_fault_windows", "broker_fault_episodes_live",
+                "broker_fault_episodes", "broker_health", "quarantine")
 BRONZE = "send_results"
 KEY = "_all"
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import FaultsConfig
 from pipeline.faults.codec import decode_fleet, decode_state, encode_fleet, encode_state
@@ -22,13 +24,14 @@ from pipeline.faults.fleet import FleetState, fleet_step
 from pipeline.faults.points import POINT_FIELDS
 from pipeline.faults.state import FaultOutputs, FaultState, initial_state, is_empty, step
 from pipeline.stateful import Clock, Stepped, concat
+from schemas.faults import SETTLES_INTO
 from schemas.tables import table
 
 POINTS = "_points"  # the brokers' grid points: rows for the cluster decision, not a table
 _POINT_TYPES = {"cluster": pa.string(), "broker_name": pa.string(), "bucket_errors": pa.string(),
                 "p99": pa.float64(), "seen": pa.bool_()}
 POINT_SCHEMA = pa.schema([(f, _POINT_TYPES.get(f, pa.int64())) for f in POINT_FIELDS])
-_OUTPUTS = (("producer_fault_windows", "windows"), ("broker_fault_episodes", "episodes"),
+_OUTPUTS = (("producer_fault_windows_live", "windows"), ("broker_fault_episodes_live", "episodes"),
             ("broker_health", "health"), ("quarantine", "quarantine"), (POINTS, "points"))
 
 
@@ -49,6 +52,25 @@ def send_results(chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
     return concat(chunks.get("send_results", ()), event_schema()).select(EVENT_COLUMNS)
 
 
+def with_settled(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """``tables`` plus, for each live changelog among them, its final rows for the silver table.
+
+    A final row is a "closed" one: written once per window or episode, when the watermark has
+    passed its end, with the same content however the events were batched; its revision there is 0.
+    """
+    out = dict(tables)
+    for live, silver in SETTLES_INTO.items():
+        rows = tables.get(live)
+        if rows is None:
+            continue
+        closed = rows.filter(pc.equal(rows["state"], "closed"))
+        if closed.num_rows:
+            i = closed.schema.get_field_index("revision")
+            zeros = pa.array(np.zeros(closed.num_rows, dtype=np.int32), closed.schema.field(i).type)
+            out[silver] = closed.set_column(i, closed.schema.field(i), zeros)
+    return out
+
+
 def output_tables(out: FaultOutputs) -> dict[str, pa.Table]:
     """A step's rows as Arrow tables with the Delta tables' schemas (tables without rows left out)."""
     tables = {}
@@ -56,7 +78,7 @@ def output_tables(out: FaultOutputs) -> dict[str, pa.Table]:
         rows = getattr(out, attr)
         if rows:
             tables[name] = pa.Table.from_pylist(rows, schema=_schema(name))
-    return tables
+    return with_settled(tables)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Action = Literal["avoid", "keep_available"]
 
 @dataclass(frozen=True)
 class Episode:
-    """The current revision of one ``broker_fault_episodes`` row."""
+    """The current revision of one ``broker_fault_episodes_live`` row."""
 
     episode_id: str
     cluster: str

@@ -105,13 +105,13 @@ def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> Cyc
     seen_from = now - int(pol.broker_seen_s * 1000)
     window_from = now - int(pol.repeat_period_s * 1000)
     # Episodes are few and must be read whole: a filter on one revision would hide a later one.
-    episodes = read_table(root, "broker_fault_episodes")
+    episodes = read_table(root, "broker_fault_episodes_live")
     health = read_table(
         root, "broker_health",
         filter=(pc.field("event_date") >= _date(seen_from)) & (pc.field("minute_ms") >= seen_from),
     )
     windows = read_table(
-        root, "producer_fault_windows",
+        root, "producer_fault_windows_live",
         filter=(pc.field("event_date") >= _date(window_from)) & (pc.field("start_ms") >= window_from),
     )
     previous = previous_state(read_table(root, "avoidance_recommendations"), read_table(root, "publisher_cycles"))

@@ -26,7 +26,7 @@ def default_report_path(storage_root: str) -> Path:
 def build_html(data: ReportData, generated_ms: int, title: str = "faultwatch report") -> str:
     span = data.time_range()
     now_ms = span[1] if span else generated_ms  # open episodes are drawn up to the latest data
-    windows, episodes = data.frame("producer_fault_windows"), data.frame("broker_fault_episodes")
+    windows, episodes = data.frame("producer_fault_windows_live"), data.frame("broker_fault_episodes_live")
     sections = [
         pg.plot_section(plots.availability(windows, episodes, now_ms, span, data.frame("broker_health"))),
         _episodes_table(episodes),

@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 from pipeline.deltaio import latest_revision, read_table, table_exists
 
 _COLUMNS = {
-    "producer_fault_windows": ["window_id", "cluster", "producer_group", "client_id", "client_version", "broker_name",
+    "producer_fault_windows_live": ["window_id", "cluster", "producer_group", "client_id", "client_version", "broker_name",
                                "start_ms", "end_ms", "state", "fault_enable", "revision"],
-    "broker_fault_episodes": ["episode_id", "cluster", "broker_name", "opened_ms", "closed_ms", "state", "reason",
+    "broker_fault_episodes_live": ["episode_id", "cluster", "broker_name", "opened_ms", "closed_ms", "state", "reason",
                               "peak_avoiding_share", "peak_avoiding_producers", "failures", "dominant_error", "revision"],
     "broker_health": ["cluster", "broker_name", "minute_ms", "sends", "failures", "failure_rate", "latency_p50_ms",
                       "latency_p95_ms", "latency_p99_ms", "producers_avoiding"],
@@ -31,14 +31,14 @@ _COLUMNS = {
                                   "reason", "producers_avoiding", "decided_ms"],
 }
 _TIME_COLUMN = {
-    "producer_fault_windows": "end_ms",
-    "broker_fault_episodes": None,
+    "producer_fault_windows_live": "end_ms",
+    "broker_fault_episodes_live": None,
     "broker_health": "minute_ms",
     "group_status": "ts_ms",
     "queue_lag": "ts_ms",
     "avoidance_recommendations": "decided_ms",
 }
-_CURRENT_VIEW_KEY = {"producer_fault_windows": "window_id", "broker_fault_episodes": "episode_id"}
+_CURRENT_VIEW_KEY = {"producer_fault_windows_live": "window_id", "broker_fault_episodes_live": "episode_id"}
 
 
 @dataclass
@@ -57,13 +57,13 @@ class ReportData:
         """The span of event time observed (ms), if any; avoid-until times in the future do not count."""
         lo, hi = [], []
         for name, col, extra in (("broker_health", "minute_ms", 60_000), ("group_status", "ts_ms", 0),
-                                 ("queue_lag", "ts_ms", 0), ("producer_fault_windows", "start_ms", 0),
-                                 ("broker_fault_episodes", "opened_ms", 0)):
+                                 ("queue_lag", "ts_ms", 0), ("producer_fault_windows_live", "start_ms", 0),
+                                 ("broker_fault_episodes_live", "opened_ms", 0)):
             df = self.frames[name]
             if len(df):
                 lo.append(int(df[col].min()))
                 hi.append(int(df[col].max()) + extra)
-        episodes = self.frames["broker_fault_episodes"]
+        episodes = self.frames["broker_fault_episodes_live"]
         if len(episodes) and episodes["closed_ms"].notna().any():
             hi.append(int(episodes["closed_ms"].max()))
         return (min(lo), max(hi)) if lo else None

@@ -19,7 +19,7 @@ from pipeline.serve.state import Broker, Group, Queue, ServeState
 API_PREFIX = "/v3/rocketmq"
 
 _GROUP_TABLES = ("group_status", "queue_lag")
-_BROKER_TABLES = ("broker_fault_episodes", "broker_health")
+_BROKER_TABLES = ("broker_fault_episodes_live", "broker_health")
 
 Answer = tuple[int, bytes]
 

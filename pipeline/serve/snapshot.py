@@ -23,7 +23,7 @@ from pipeline.serve.metrics import RefreshStats, render_metrics
 from pipeline.serve.state import TIME_COLUMN, ServeState, Views, build_state
 
 # Tables whose content serve shows: /healthz is 503 while one of them cannot be read.
-REQUIRED_TABLES = ("group_status", "queue_lag", "broker_fault_episodes", "broker_health")
+REQUIRED_TABLES = ("group_status", "queue_lag", "broker_fault_episodes_live", "broker_health")
 
 _QUEUE_COLUMNS = ("cluster", "consumer_group", "topic", "topic_kind", "broker_name", "queue_id", "ts_ms",
                   "lag_messages", "time_lag_ms", "owner_client_id", "status", "last_commit_ms")
@@ -56,7 +56,7 @@ def table_folds() -> dict[str, Fold]:
         "group_status": latest_fold(["cluster", "consumer_group"], "ts_ms"),
         "queue_lag": latest_fold(["cluster", "consumer_group", "topic", "broker_name", "queue_id"], "ts_ms",
                                  _QUEUE_COLUMNS),
-        "broker_fault_episodes": latest_fold(["episode_id"], "revision"),
+        "broker_fault_episodes_live": latest_fold(["episode_id"], "revision"),
         "broker_health": latest_fold(["cluster", "broker_name"], "minute_ms", _HEALTH_COLUMNS),
         "publisher_cycles": latest_fold(["step", "status"], "decided_ms", ["step", "status", "decided_ms"]),
         "quarantine": Fold(("reason", "stage", "kafka_ts_ms"), _quarantine_map, _quarantine_combine),
@@ -153,7 +153,7 @@ class Refresher:
         views = Views(
             group_status=self.followers["group_status"].view,
             queue_lag=self.followers["queue_lag"].view,
-            episodes=self.followers["broker_fault_episodes"].view,
+            episodes=self.followers["broker_fault_episodes_live"].view,
             broker_health=self.followers["broker_health"].view,
             publisher_cycles=self.followers["publisher_cycles"].view,
             quarantine=self.followers["quarantine"].view,

@@ -55,7 +55,7 @@ def write_inputs(root: str, now: int, bad_rate_broker: str | None = None) -> Non
     write(root, "broker_health", [
         health_row(b, now, failure_rate=1.7 if b == bad_rate_broker else 0.0) for b in ("b1", "b2", "b3", "b4")
     ])
-    write(root, "broker_fault_episodes", [episode_row("b2", now - 90 * S, 0, now)])
+    write(root, "broker_fault_episodes_live", [episode_row("b2", now - 90 * S, 0, now)])
 
 
 def write_config(path: str, cfg: Any) -> str:

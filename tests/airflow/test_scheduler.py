@@ -188,7 +188,7 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
     # The input must stay fresh from the pipeline run to the scheduled run, however slow the machine.
     conf = write_config(cfg, tmp_path / "faultwatch.toml", policy={"max_input_age_s": 1800.0})
     run_pipeline(cfg, conf, started)
-    assert read_table(cfg.storage.root, "broker_fault_episodes").num_rows > 0
+    assert read_table(cfg.storage.root, "broker_fault_episodes_live").num_rows > 0
 
     home = tmp_path / "airflow"
     env = airflow_env(home, free_port(), conf)

@@ -149,7 +149,7 @@ def inputs(root: str, t: int, episode_state: str | None, group_status: str, revi
     ep = episode_row("b2", opened, revision, t, closed=None if episode_state else t - 10 * S)
     if episode_state:
         ep["state"] = episode_state
-    write(root, "broker_fault_episodes", [ep])
+    write(root, "broker_fault_episodes_live", [ep])
     write(root, "group_status", [group_row(t, group_status)])
 
 

@@ -31,7 +31,8 @@ from tests.integration.processes import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-TABLES = ("producer_fault_windows", "broker_fault_episodes", "broker_health", "quarantine")
+TABLES = ("producer_fault_windows_live", "producer_fault_windows", "broker_fault_episodes_live", "broker_fault_episodes",
+          "broker_health", "quarantine")
 
 
 def produce(bootstrap: str, topic: str, events: list) -> None:
@@ -61,7 +62,7 @@ def test_windows_survive_sigkill_and_equal_the_pure_rules(kafka, cfg: Config, tm
     proc = start(shape, conf, log)
     wait_for(lambda: committed_batches(cfg, shape) >= 3, 300, "three committed batches", proc, log)
     kill_tree(proc, signal.SIGKILL)
-    partial = read_table(cfg.storage.root, "producer_fault_windows").num_rows
+    partial = read_table(cfg.storage.root, "producer_fault_windows_live").num_rows
     assert partial > 0
 
     again = start(shape, conf, log, once=True)
@@ -72,7 +73,7 @@ def test_windows_survive_sigkill_and_equal_the_pure_rules(kafka, cfg: Config, tm
     for name, data in tables.items():
         declared = [(f.name, f.type) for f in table(name).arrow_schema()]
         assert [(f.name, f.type) for f in data.schema] == declared, name
-    windows = tables["producer_fault_windows"].to_pylist()
+    windows = tables["producer_fault_windows_live"].to_pylist()
     quarantine = tables["quarantine"].to_pylist()
     # exactly once: no row twice
     assert not [k for k, n in Counter((r["window_id"], r["revision"]) for r in windows).items() if n > 1]
@@ -89,6 +90,10 @@ def test_windows_survive_sigkill_and_equal_the_pure_rules(kafka, cfg: Config, tm
     assert len(view) > 100 and {r["generation"] for r in view} == {"4.9", "5"}
     assert window_keys(view) == expected_windows(from_send_results(accepted))
     assert {r["state"] for r in view} >= {"open", "closed"}
+    # the silver table: the closed rows of the live one, once each, revision 0
+    final = [{**r, "revision": 0} for r in view if r["state"] == "closed"]
+    silver = read_table(cfg.storage.root, "producer_fault_windows").to_pylist()
+    assert sorted(silver, key=lambda r: r["window_id"]) == sorted(final, key=lambda r: r["window_id"])
     if shape == "bronze_faults":  # bronze rode along: every event exactly once
         ids = read_table(cfg.storage.root, "send_results").column("event_id").to_pylist()
         assert sorted(ids) == sorted(e.event_id for e in events)

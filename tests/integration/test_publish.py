@@ -56,11 +56,11 @@ def write_inputs(root: str, now: int) -> None:
     write(root, "broker_health", [health_row(b, now) for b in ("b1", "b2", "b3", "b4")])
     # b2: opened, revised (still open); b4: an old episode closed long ago (revision 1 replaces 0).
     old = now - 3 * 3600 * S
-    write(root, "broker_fault_episodes", [
+    write(root, "broker_fault_episodes_live", [
         episode_row("b2", now - 90 * S, 0, now), episode_row("b2", now - 90 * S, 1, now),
         episode_row("b4", old, 0, now), episode_row("b4", old, 1, now, closed=old + 60 * S),
     ])
-    write(root, "producer_fault_windows", [window_row(c, "b2", now) for c in ("p1", "p2", "p3")])
+    write(root, "producer_fault_windows_live", [window_row(c, "b2", now) for c in ("p1", "p2", "p3")])
     write(root, "group_status", [lag_row(now)])
 
 
@@ -127,7 +127,7 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     # Next cycle: the episode closed 50 s ago, probation (30 s) is over, but the published
     # avoidance (until now + 100 s) holds: hysteresis comes from the history table.
     later = now + 60 * S
-    write(root, "broker_fault_episodes", [episode_row("b2", now - 90 * S, 2, later, closed=later - 50 * S)])
+    write(root, "broker_fault_episodes_live", [episode_row("b2", now - 90 * S, 2, later, closed=later - 50 * S)])
     write(root, "broker_health", [health_row(b, later, minute_ms=later - 60 * S) for b in ("b1", "b2", "b3", "b4")])
     nxt = run_cycle(pcfg, cycle_number=cycle + 1, at_ms=later)
     [rec] = nxt.decision.recommendations()

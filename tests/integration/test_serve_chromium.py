@@ -31,7 +31,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
 def add_live_trouble(tmp_path: Path) -> None:
     """An episode open now on broker-b and a stalled group, on top of the outage tables."""
     now = int(time.time() * 1000)
-    _write(tmp_path / "tables", "broker_fault_episodes", [{
+    _write(tmp_path / "tables", "broker_fault_episodes_live", [{
         "episode_id": f"{CLUSTER}|broker-b|{now - 20_000}", "cluster": CLUSTER, "broker_name": "broker-b",
         "opened_ms": now - 20_000, "closed_ms": None, "state": "open", "reason": "quorum",
         "peak_avoiding_share": 0.6, "peak_avoiding_producers": 6, "active_producers": 10, "sends": 50,

@@ -2,7 +2,7 @@
 
 The simulator records the avoidance windows its fault-tolerant producers actually used when they
 chose queues (``Simulation.client_windows()``, kept from the clients' own state, not derived with
-the pipeline's rule code). The ``producer_fault_windows`` table the streaming job writes from the
+the pipeline's rule code). The ``producer_fault_windows_live`` table the streaming job writes from the
 same events must hold exactly those windows; producers without fault tolerance must show up as
 shadow windows only (``fault_enable`` false), and the bronze ``send_results`` table must show every
 retry after a refusal by the dead broker going to another broker.
@@ -82,7 +82,7 @@ def test_outage_windows_in_delta_equal_the_simulated_clients(kafka, cfg: Config,
     bronze = read_table(root, "send_results", columns=["event_id", "broker_name", "status", "attempt"])
     assert bronze.num_rows == len(sends)
 
-    view = current_view(read_table(root, "producer_fault_windows").to_pylist())
+    view = current_view(read_table(root, "producer_fault_windows_live").to_pylist())
     # Windows still "open" after --once: the watermark only moves with event time, so it ends at the
     # last send result minus the delay, and windows ending after that (the 4.9 clients' 600 s
     # isolation, the 5.x windows of the last 30 s) are never closed. Their end is nonetheless final:

@@ -86,7 +86,7 @@ def silver_rows(sim: Simulation, sink: MemorySink) -> dict[str, list[dict[str, A
     recs = [{"cycle_id": "1", "cluster": "DefaultCluster", "broker_name": "broker-b", "action": "avoid", "avoid_until_ms": e0 + 120_000,
                  "expires_ms": e0 + 180_000, "reason": "open_episode", "episode_id": episode["episode_id"], "producers_avoiding": 5,
                  "failure_rate": 0.4, "p99_latency_ms": 5.0, "multiplier": 1, "policy_version": "1", "decided_ms": e0 + 60_000}]
-    return {"producer_fault_windows": windows, "broker_fault_episodes": episodes, "broker_health": health,
+    return {"producer_fault_windows_live": windows, "broker_fault_episodes_live": episodes, "broker_health": health,
             "queue_lag": queue_lag, "group_status": status, "avoidance_recommendations": recs}
 
 
@@ -116,7 +116,7 @@ def test_report_without_tables_says_no_data_yet(tmp_path: Path) -> None:
 
 
 def test_report_with_empty_tables_says_no_data_yet(tmp_path: Path) -> None:
-    for name in ("producer_fault_windows", "broker_fault_episodes", "broker_health", "group_status", "queue_lag"):
+    for name in ("producer_fault_windows_live", "broker_fault_episodes_live", "broker_health", "group_status", "queue_lag"):
         _write(tmp_path, name, [])
     html = build_html(load_report_data(str(tmp_path)), generated_ms=1_767_225_600_000)
     assert html.count("no data yet") >= 5 and "<svg" not in html
@@ -125,11 +125,11 @@ def test_report_with_empty_tables_says_no_data_yet(tmp_path: Path) -> None:
 def test_report_reads_current_views_of_the_tables(tmp_path: Path, outage: tuple[Simulation, MemorySink]) -> None:
     rows = write_silver(tmp_path, *outage)
     data = load_report_data(str(tmp_path))
-    windows = data.frame("producer_fault_windows").sort_values("window_id").reset_index(drop=True)
-    expected = pd.DataFrame([r for r in rows["producer_fault_windows"] if r["revision"] == 1])
+    windows = data.frame("producer_fault_windows_live").sort_values("window_id").reset_index(drop=True)
+    expected = pd.DataFrame([r for r in rows["producer_fault_windows_live"] if r["revision"] == 1])
     expected = expected[list(windows.columns)].sort_values("window_id").reset_index(drop=True)
     pd.testing.assert_frame_equal(windows, expected, check_dtype=False)
-    (episode,) = data.frame("broker_fault_episodes").itertuples()
+    (episode,) = data.frame("broker_fault_episodes_live").itertuples()
     assert (episode.state, episode.revision, episode.peak_avoiding_share) == ("closed", 1, 0.7)
     lag = data.frame("queue_lag").sort_values(["consumer_group", "ts_ms", "broker_name", "queue_id"]).reset_index(drop=True)
     want = pd.DataFrame(rows["queue_lag"])[list(lag.columns)]
@@ -141,7 +141,7 @@ def test_report_draws_every_plot_from_the_data(tmp_path: Path, outage: tuple[Sim
     rows = write_silver(tmp_path, *outage)
     out = write_report(str(tmp_path), tmp_path / "report" / "r.html", generated_ms=outage[0].end_ms)
     html = out.read_text()
-    windows = [r for r in rows["producer_fault_windows"] if r["revision"] == 1]
+    windows = [r for r in rows["producer_fault_windows_live"] if r["revision"] == 1]
     items = {key: int(re.search(r'data-items="(\d+)"', _figure(html, key) or "").group(1))
              for key in ("availability", "broker_health", "group_lag", "queue_ownership")}
     assert items == {

@@ -102,8 +102,9 @@ def test_fleet_faults_keeps_every_cluster_under_one_key_and_asks_for_no_timeout(
     done = concern.step(concern.initial("_all"), concern.events(chunks), Clock(now_ms=sends[-1].ts_ms))
     assert sorted(done.state.clusters) == ["c1", "c2"] and done.wakeup_ms is None
     assert concern.encode(concern.decode(concern.encode(done.state))) == concern.encode(done.state)
-    assert set(done.tables) <= {"producer_fault_windows", "broker_fault_episodes", "broker_health", "quarantine"}
-    assert done.tables["producer_fault_windows"].num_rows > 0
+    assert set(done.tables) <= {"producer_fault_windows_live", "producer_fault_windows", "broker_fault_episodes_live",
+                                "broker_fault_episodes", "broker_health", "quarantine"}
+    assert done.tables["producer_fault_windows_live"].num_rows > 0
 
 
 def bronze_chunks(evs: list[Any], cfg: LagConfig) -> dict[str, list[pa.Table]]:
