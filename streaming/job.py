@@ -179,6 +179,11 @@ def _offsets(raw: Any) -> dict[str, int] | None:
 def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO) -> None:
     from streaming.delta_sink import read_report, report_dir
 
+    # recentProgress converts every retained batch's progress (up to 100) through py4j on each
+    # call; _watch calls this twice a second, so ask for it only when there is a batch not seen yet.
+    last = query.lastProgress
+    if last is None or int(last["batchId"]) in prog.seen_batches:
+        return
     for p in query.recentProgress:
         batch = int(p["batchId"])
         if batch in prog.seen_batches:
