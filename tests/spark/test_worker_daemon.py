@@ -17,10 +17,16 @@ def _what_the_worker_has(batches: Any) -> Any:
     for _ in batches:
         pass
     main = getattr(sys.modules["__main__"], "__spec__", None)
+    import gc
+
     yield pa.RecordBatch.from_pydict({"main": [main.name if main else ""],
-                                      "preloaded": ["streaming.kafka_source" in sys.modules]})
+                                      "preloaded": ["streaming.kafka_source" in sys.modules],
+                                      "frozen": [gc.get_freeze_count()]})
 
 
 def test_executor_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
-    rows = spark.range(2, numPartitions=2).mapInArrow(_what_the_worker_has, "main string, preloaded boolean").collect()
+    rows = spark.range(2, numPartitions=2).mapInArrow(
+        _what_the_worker_has, "main string, preloaded boolean, frozen long").collect()
     assert {(r["main"], r["preloaded"]) for r in rows} == {("streaming.daemon", True)}
+    # the preloaded modules' objects are out of the per-task gc.collect()'s reach
+    assert min(r["frozen"] for r in rows) > 10_000
