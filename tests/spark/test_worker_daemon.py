@@ -30,3 +30,10 @@ def test_executor_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
     assert {(r["main"], r["preloaded"]) for r in rows} == {("streaming.daemon", True)}
     # the preloaded modules' objects are out of the per-task gc.collect()'s reach
     assert min(r["frozen"] for r in rows) > 10_000
+
+
+def test_local_checkpoints_use_the_file_system_manager(spark: Any) -> None:
+    """Spark's FileContext-based default forks chmod/readlink per checkpoint file (no native Hadoop)."""
+    from streaming.session import LOCAL_CHECKPOINT_MANAGER
+
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == LOCAL_CHECKPOINT_MANAGER
