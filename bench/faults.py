@@ -15,7 +15,9 @@
 3. live, for each shape but (a): a 1 s trigger while another process sends ``--rate`` events/s stamped
    with the wall clock; this process polls ``producer_fault_windows_live`` in Delta every 100 ms.
    Detection latency = when a window's first row became readable minus its start (the trigger
-   event's time, which is also its Kafka timestamp), over windows opened after a warm-up.
+   event's time, which is also its Kafka timestamp), over windows opened after a warm-up. Also
+   per live micro-batch (Spark's progress): its duration and its WAL and offset-commit steps.
+   ``--live-only`` skips step 1's big preload and step 2 (a live look in ~2 minutes per shape).
 
 Goals (issue 4): >= 40,000 events/s end to end, p95 detection <= 3 s, RSS <= 3 GiB.
 """
@@ -153,13 +155,18 @@ def child(args: argparse.Namespace) -> None:
         live = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
         print("STARTED " + cfg.storage.root, flush=True)
         time.sleep(args.live_s)
+        batches = [{"seconds": p["durationMs"].get("triggerExecution", 0) / 1000,
+                    "wal_ms": p["durationMs"].get("walCommit", 0), "commit_ms": p["durationMs"].get("commitOffsets", 0)}
+                   for q in live for p in q.recentProgress[5:]]  # (the first ones warm up)
         for q in live:
             q.stop()
+        print("LIVE " + json.dumps(batches), flush=True)
     spark.stop()
 
 
 # -- parent ------------------------------------------------------------------------------------
 def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[dict[str, Any], int]:
+    """Run one child; its RESULT (and LIVE batches, under ``live_batches``) and peak RSS."""
     work = Path(base[base.index("--work") + 1])
     log = work / f"child-{len(list(work.glob('child-*.log')))}.log"
     result: dict[str, Any] = {}
@@ -167,6 +174,8 @@ def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[d
     def line(text: str) -> None:
         if text.startswith("RESULT "):
             result.update(json.loads(text[7:]))
+        elif text.startswith("LIVE "):
+            result["live_batches"] = json.loads(text[5:])
         elif on_line is not None:
             on_line(text)
 
@@ -198,7 +207,8 @@ def poll_windows(root: str, stop: threading.Event, seen: dict[str, tuple[int, fl
         time.sleep(0.1)
 
 
-def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int, seconds: float) -> tuple[list[float], int]:
+def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int,
+         seconds: float) -> tuple[list[float], int, list[dict[str, float]]]:
     seen: dict[str, tuple[int, float]] = {}
     stop = threading.Event()
     began: list[float] = []
@@ -213,12 +223,12 @@ def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int, sec
             poller.start()
             sender.start()
 
-    _, peak = run_child(base, ["--mode", "live", "--shape", shape, "--topic", topic, "--live-s", str(seconds)], on_line)
+    res, peak = run_child(base, ["--mode", "live", "--shape", shape, "--topic", topic, "--live-s", str(seconds)], on_line)
     stop.set()
     for t in threads:
         t.join()
     cutoff = (began[0] + 15) * 1000 if began else 0
-    return sorted(at - start / 1000 for start, at in seen.values() if start >= cutoff), peak
+    return sorted(at - start / 1000 for start, at in seen.values() if start >= cutoff), peak, res.get("live_batches", [])
 
 
 def _send_for(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
@@ -243,6 +253,7 @@ def main() -> None:
     ap.add_argument("--live-s", type=float, default=75.0)
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--shapes", default="bronze,separate,combined")
+    ap.add_argument("--live-only", action="store_true", help="only the live runs (no big preload, no once runs)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("mode", "shape", "bootstrap", "topic", "warm-topic", "work"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -254,17 +265,18 @@ def main() -> None:
 
     n = args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-faults-"))
-    print(f"bench/faults: {n} send results, {BROKERS} brokers, {PRODUCERS} producers, {args.partitions} partitions, "
+    print(f"bench/faults: {'live only' if args.live_only else f'{n} send results'}, {BROKERS} brokers, {PRODUCERS} producers, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
     topics = ["bench.warm", "bench.send-results", *(f"bench.live-{s}" for s in SHAPES), *Config().topics.all()]
     with start_local_kafka(topics=topics, partitions=args.partitions) as kafka:
-        secs = preload(kafka.bootstrap, "bench.send-results", n)
+        secs = preload(kafka.bootstrap, "bench.send-results", n) if not args.live_only else 0.0
         preload(kafka.bootstrap, "bench.warm", 20_000)
-        print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
+        if not args.live_only:
+            print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
         base = ["--bootstrap", kafka.bootstrap, "--warm-topic", "bench.warm", "--work", str(work),
                 "--max-batch", str(args.max_batch)]
         results = {}
-        for shape in args.shapes.split(","):
+        for shape in args.shapes.split(",") if not args.live_only else []:
             res, peak = run_child(base, ["--mode", "once", "--shape", shape, "--topic", "bench.send-results"])
             results[shape] = res
             ratio = results["bronze"]["seconds"] / res["seconds"] if "bronze" in results else float("nan")
@@ -276,10 +288,14 @@ def main() -> None:
                          f"{s['state_memory_bytes'] / 2**20:.1f} MiB)" if "state_memory_bytes" in s else "")
                 print(f"    {s['query']} batch {s['batch']}: {s['seconds']:.1f}s{state}")
         for shape in [s for s in args.shapes.split(",") if s != "bronze"]:
-            lat, peak = live(base, shape, f"bench.live-{shape}", kafka.bootstrap, args.rate, args.live_s)
+            lat, peak, batches = live(base, shape, f"bench.live-{shape}", kafka.bootstrap, args.rate, args.live_s)
             print(f"({shape}) detection latency at {args.rate}/s, 1 s trigger: p50 {pct(lat, 50):.2f}s, "
                   f"p95 {pct(lat, 95):.2f}s, max {max(lat) if lat else float('nan'):.2f}s over {len(lat)} windows; "
                   f"peak RSS {peak / 2**30:.2f} GiB, load {os.getloadavg()[0]:.1f}", flush=True)
+            took = [b["seconds"] for b in batches]
+            print(f"    {len(batches)} live micro-batches: p50 {pct(took, 50):.2f}s, p95 {pct(took, 95):.2f}s; "
+                  f"WAL {pct([b['wal_ms'] for b in batches], 50):.0f} ms, offset commit "
+                  f"{pct([b['commit_ms'] for b in batches], 50):.0f} ms (p50)", flush=True)
 
 
 if __name__ == "__main__":
