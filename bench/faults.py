@@ -2,24 +2,22 @@
 
     .venv/bin/python bench/faults.py [--events 1000000] [--live-s 60] [--rate 5000]
 
-1. starts a local broker (Tansu) and preloads N send results over 50 brokers and 500 producers
-   (both client versions; a few slow sends and failures, one broker failing for a minute), each
-   producer's results in time order (two writer processes, split by producer);
+1. starts a local broker (Tansu) and preloads N send results over 50 brokers and 500 producers,
+   each producer's in time order (slow sends, failures, one broker failing for a minute);
 2. runs each configuration as its own process the way ``faultwatch stream --once`` does
    (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
    (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
    --only faults``: each reads Kafka); (c) bronze + faults as one query (``--only bronze_faults``:
    one Kafka read, one sink); and with ``--shapes ...,default`` the default job (bronze, faults
-   and lag in one query). Prints events/s, the ratio to (a), the peak RSS of that process tree
-   (driver + JVM + Python workers) and per micro-batch its duration and the fault state's size (Spark's progress);
+   and lag in one query). Prints events/s, the ratio to (a), the process tree's peak RSS and per
+   micro-batch its duration and the fault state's size;
 3. live, for each shape but (a): a 1 s trigger while another process sends ``--rate`` events/s stamped
    with the wall clock; this process polls ``producer_fault_windows_live`` in Delta every 100 ms.
    Detection latency = when a window's first row became readable minus its start (the trigger
-   event's time, which is also its Kafka timestamp), over windows opened after a warm-up. Also
-   per live micro-batch (Spark's progress): its duration and its WAL and offset-commit steps.
+   event's time, also its Kafka timestamp), over windows opened after a warm-up; and per live
+   micro-batch its duration and its WAL and offset-commit steps.
    ``--live-only`` skips step 1's big preload and step 2 (a live look in ~2 minutes per shape).
-
-Goals (issue 4): >= 40,000 events/s end to end, p95 detection <= 3 s, RSS <= 3 GiB.
+Goals and figures: docs/performance.md.
 """
 
 from __future__ import annotations
