@@ -93,6 +93,7 @@ def preload(bootstrap: str, events: int, clusters: int, work: Path) -> dict[str,
     """Simulate ``clusters`` clusters in parallel into Kafka; events per kind in all."""
     duration = max(5.0, events / clusters / events_per_simulated_second())
     print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name})", flush=True)
+    work.mkdir(parents=True, exist_ok=True)  # before sending: a retry after a late failure doubles the backlog
     outs = [work / f"preload-{i}.json" for i in range(clusters)]
     secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i])) for i in range(clusters)])
     counts: dict[str, int] = {}
