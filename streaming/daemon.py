@@ -9,9 +9,8 @@ connect back). Imported once here, every fork starts with them in memory (copy-o
 
 After the imports the daemon freezes its objects (``gc.freeze``). A reused worker runs
 ``gc.collect()`` after every task, and Spark may already have handed it the next task: with the
-preloaded modules in the collector's generations that collection took 50-150 ms per task (it walks
-every object and copies the pages the fork shared). A live micro-batch runs ~12 such Python tasks:
-frozen, the default job's near-empty micro-batch took 0.65 s instead of 1.08 s (docs/performance.md).
+preloaded modules in the collector's generations it walked every one of them (copying the pages
+the fork shared) while Spark waited for the worker (docs/performance.md, 2026-11-25 (10)).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.spark
 
 
 def _what_the_worker_has(batches: Any) -> Any:
+    import gc
     import sys
 
     import pyarrow as pa
@@ -17,8 +18,6 @@ def _what_the_worker_has(batches: Any) -> Any:
     for _ in batches:
         pass
     main = getattr(sys.modules["__main__"], "__spec__", None)
-    import gc
-
     yield pa.RecordBatch.from_pydict({"main": [main.name if main else ""],
                                       "preloaded": ["streaming.kafka_source" in sys.modules],
                                       "frozen": [gc.get_freeze_count()]})
