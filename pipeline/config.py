@@ -182,8 +182,13 @@ class FaultsConfig:
     max_producers_per_broker: int = 10_000
     # Events stamped further ahead of the batch time move no watermark and are quarantined.
     max_future_skew_s: float = 300.0
+    # The default job keeps a cluster's brokers under this many state keys (brokers hashed by name):
+    # each key costs a fixed share of every micro-batch, so a few keys, enough to use every task.
+    shards: int = 8
 
     def validate(self) -> None:
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
+            raise ConfigError(f"faults.shards must be an integer >= 1, got {self.shards!r}")
         _positive(
             self,
             "producer_idle_expiry_s",

@@ -1,12 +1,12 @@
 """The combined query: bronze, the fault state and the lag state from ONE Kafka read.
 
 The reader tasks decode each fetch once, write the bronze Parquet files themselves and cut the
-events into keyed chunks (:mod:`streaming.feeds`): the fault state's send results per cluster, the
-lag state's events per (cluster, shard). One ``applyInPandasWithState`` operator, keyed by those
+events into keyed chunks (:mod:`streaming.feeds`): the fault state's send results per (cluster,
+shard of its brokers), the lag state's events per (cluster, shard of its groups). One ``applyInPandasWithState`` operator, keyed by those
 strings, runs the pure steps (:func:`pipeline.faults.step`, :func:`pipeline.lag.step`) for many
 keys on every shuffle partition at once; its output chunks and the readers' file lists meet in one
 sink that commits every table exactly once. The episode rules compare a broker with its peers:
-each broker key writes its grid points and the sink decides per cluster on them
+each fault key writes the grid points of its brokers and the sink decides per cluster on them
 (:mod:`streaming.decisions`). A second stateful stage per cluster is not an option: Spark 4.3
 refuses two ``applyInPandasWithState`` in one query, with ``statefulOperator.allowMultiple`` too
 (checked), and an aggregation after one needs a watermark on its output.
@@ -53,7 +53,8 @@ EVENT_TIME = "_event_time"
 # Bumped whenever the keys, the state's shape or what the tables hold change: an older checkpoint
 # is then refused. 3: the lag keys keep their unsettled events and judge on the event-time grid
 # (GridLag). 4: windows and episodes go to the *_live changelogs; the silver tables get final rows.
-LAYOUT = 4
+# 5: the fault keys are (cluster, shard of its brokers), no longer (cluster, broker).
+LAYOUT = 5
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"

@@ -1,7 +1,7 @@
 """The cluster decisions of the combined query, run in its sink on the driver.
 
-The fault state is keyed per (cluster, broker); the episode rules compare brokers, so each
-broker's step writes its grid points and :func:`pipeline.faults.cluster.cluster_step` decides
+The fault state is keyed per (cluster, shard of its brokers); the episode rules compare all the
+cluster's brokers, so each key's step writes its brokers' grid points and :func:`pipeline.faults.cluster.cluster_step` decides
 per cluster on them, here, once per micro-batch: a few rows per broker instead of every event
 through one task. Its state (JSON, small) is saved in the checkpoint per batch id BEFORE the Delta
 commits: a batch replayed after a crash starts again from the state of the batch before it and

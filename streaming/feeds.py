@@ -1,7 +1,8 @@
 """What the Kafka reader tasks hand to the stateful step: each fetch's rows, cut by state key.
 
 The combined query's stateful operator is keyed by the concern and the part of the data its rules
-need together: the fault state per (cluster, broker), the lag state per (cluster, shard). The
+need together: the fault state per (cluster, shard of its brokers), the lag state per (cluster,
+shard of its consumer groups). The
 readers have the decoded events in Arrow already, so they cut them by key themselves and Spark
 only shuffles small Arrow IPC chunks (one per key and fetch) to the tasks that own the keys.
 
@@ -80,11 +81,26 @@ def encode_dictionary(rows: pa.Table, names: Sequence[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=rows.schema.names)
 
 
-def fault_feed(send_results: pa.Table, columns: Sequence[str]) -> list[tuple[str, str, pa.Table]]:
-    """(key, table, rows) per (cluster, broker): the fault step's columns of the send results."""
-    out = []
-    for (cluster, broker), part in split_by(send_results, ("cluster", "broker_name")):
-        out.append((key_of(FAULTS, cluster, broker), "send_results",
+def fault_shard(brokers: pa.Array, shards: int) -> np.ndarray:
+    """The fault shard of each broker name (CRC-32 of it, stable across processes)."""
+    if shards <= 1:
+        return np.zeros(len(brokers), dtype=np.int64)
+    return np.asarray([zlib.crc32(str(b).encode()) % shards for b in brokers.to_pylist()], dtype=np.int64)
+
+
+def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> list[tuple[str, str, pa.Table]]:
+    """(key, table, rows) per (cluster, shard): the fault step's columns of the send results, with
+    the brokers of a cluster spread over ``shards`` keys by a hash of their name."""
+    out: list[tuple[str, str, pa.Table]] = []
+    if send_results.num_rows == 0:
+        return out
+    names = send_results.column("broker_name").combine_chunks()
+    if not pa.types.is_dictionary(names.type):
+        names = pc.dictionary_encode(names)
+    shard_of = fault_shard(names.dictionary, shards)  # per distinct broker, not per row
+    shard = pa.array(shard_of[names.indices.to_numpy(zero_copy_only=False)].astype(str))
+    for (cluster, s), part in split_by(send_results.append_column("_shard", shard), ("cluster", "_shard")):
+        out.append((key_of(FAULTS, cluster, s), "send_results",
                     encode_dictionary(part.select(list(columns)), FAULT_DICTIONARY)))
     return out
 

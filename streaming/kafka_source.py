@@ -441,11 +441,12 @@ def _keyed_feed(options: dict[str, str]) -> Callable[[dict[str, Any]], list[tupl
 
     columns = json.loads(options.get("feed_columns", "null"))
     shards = int(options.get("lag_shards", "1"))
+    fault_shards = int(options.get("fault_shards", "1"))
 
     def cut(tables: dict[str, Any]) -> list[tuple[str, str, Any]]:
         out: list[tuple[str, str, Any]] = []
         if "faults" in names and "send_results" in tables:
-            out += fault_feed(tables["send_results"], columns)
+            out += fault_feed(tables["send_results"], columns, fault_shards)
         if "lag" in names:
             out += lag_feed(tables, shards)
         return out
@@ -665,6 +666,7 @@ def read_events(
         reader = (
             reader.option("feeds", json.dumps(list(feeds)))
             .option("lag_shards", str(cfg.lag.shards))
+            .option("fault_shards", str(cfg.faults.shards))
             .option("event_time", "true")
             .option("watermark_delay_ms", str(int(cfg.stream.watermark_delay_s * 1000)))
             .option("future_skew_ms", str(int(cfg.stream.max_future_skew_s * 1000)))

@@ -1,8 +1,9 @@
 """The fault state as a :class:`pipeline.stateful.Concern`: Arrow in, Arrow out, over the pure steps.
 
-:class:`BrokerFaults` keeps one broker's state (the combined query's keys): its step writes the
-broker's windows, health and grid points (``_points``, for the cluster decision in the sink), and
-asks to be stepped again when the watermark would settle something. :class:`FleetFaults` keeps
+:class:`BrokerFaults` keeps the state of some brokers of one cluster (the combined query's keys,
+one per (cluster, shard), see ``faults.shards``): its step writes their windows, health and the
+grid points of each broker that got events (``_points``, for the cluster decision in the sink),
+and asks to be stepped again when the watermark would settle something. :class:`FleetFaults` keeps
 every cluster under one key with its own watermark (the ``faults`` query), so it needs no wake-up.
 """
 
@@ -83,7 +84,8 @@ def output_tables(out: FaultOutputs) -> dict[str, pa.Table]:
 
 @dataclass(frozen=True)
 class BrokerFaults:
-    """One broker's fault state under Spark's watermark; episodes are decided per cluster elsewhere."""
+    """The fault state of a shard of a cluster's brokers under Spark's watermark; episodes are
+    decided per cluster elsewhere, on the grid points it writes per broker."""
 
     cfg: FaultsConfig
 

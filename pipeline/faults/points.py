@@ -1,12 +1,14 @@
-"""One broker's grid points for the cluster decision: what the episode rules read of that broker.
+"""Each broker's grid points for the cluster decision: what the episode rules read of a broker.
 
-The episode rules compare a broker with its peers, so with the fault state kept per broker no
-key can decide them. What a rule reads of one broker at a grid point (:class:`episodes.Point`)
-depends only on that broker's sends and windows, so each broker's step writes those summaries
-and :mod:`pipeline.faults.cluster` decides on them. A broker writes them when it gets events:
-for every grid point after the watermark where they can matter, computed as if no further event
-came. Without further events that forecast is exact; with them the broker writes a new one, and
-late events cannot change what the watermark has passed.
+The episode rules compare a broker with all its peers, so with the fault state kept per (cluster,
+shard), a few brokers of a cluster per key, no key can decide them. What a rule reads of one
+broker at a grid point (:class:`episodes.Point`) depends only on that broker's sends and windows,
+so the step writes those summaries per broker and :mod:`pipeline.faults.cluster` decides on them.
+A broker's summaries are written when that broker gets events (not when only a peer in its state
+does): for every grid point after the watermark where they can matter, computed as if no further
+event came. Without further events that forecast is exact; with them the broker writes a new one,
+and late events cannot change what the watermark has passed. So the rows do not depend on which
+brokers share a state.
 """
 
 from __future__ import annotations
@@ -27,13 +29,22 @@ HEADER = -1  # the tick of the row that only says "my forecast from here on is t
 
 
 def forecast(
-    log: Cols, wins: Cols, after: int, cluster: str, broker: str, errors: tuple[str, ...], cfg: FaultsConfig,
+    log: Cols, wins: Cols, after: int, cluster: str, broker: str, code: int, errors: tuple[str, ...],
+    cfg: FaultsConfig,
 ) -> list[dict[str, Any]]:
     """Point rows of one broker for every grid point after ``after`` where its sends or windows reach.
 
-    The first row is a header (tick ``HEADER``): with it, an emission replaces everything the
-    broker said before for grid points after ``after``, even when it has no point left.
+    ``code`` is the broker's code in the state's ``log`` and ``wins`` (which may hold other
+    brokers too: only the broker's own rows are read). The first row is a header (tick
+    ``HEADER``): with it, an emission replaces everything the broker said before for grid points
+    after ``after``, even when it has no point left.
     """
+    mine = log["broker"] == code
+    if not mine.all():
+        log = take(log, mine)
+    ours = wins["broker"] == code
+    if not ours.all():
+        wins = take(wins, ours)
     interval = int(cfg.evaluation_interval_s * 1000)
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
     slack = int(cfg.episode_close_after_s * 1000) + interval
@@ -49,8 +60,6 @@ def forecast(
     if not len(ticks):
         return rows
     recent = {name: log[name][in_range] for name in ep_mod.POINT_COLUMNS}
-    codes = sorted(set(np.unique(recent["broker"]).tolist()) | set(np.unique(wins["broker"][live]).tolist()))
-    code = codes[0] if codes else 0
     points = ep_mod.points_at(ticks, recent, take(wins, live), [code], errors, cfg)
     active_ms = int(cfg.active_producer_window_s * 1000)
     ts = np.sort(recent["ts"])

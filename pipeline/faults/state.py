@@ -127,8 +127,9 @@ def step(
     grid points up to it are settled now instead of one batch later. It becomes the state's
     watermark, so the next step cannot accept anything at or before it.
 
-    With ``points`` (a state that holds one broker), episodes are not decided here: the step writes
-    the broker's grid points (:mod:`pipeline.faults.points`) for :mod:`pipeline.faults.cluster`.
+    With ``points`` (a state that holds some of the cluster's brokers: one shard of them), episodes
+    are not decided here: the step writes the grid points (:mod:`pipeline.faults.points`) of each
+    broker that got events in this batch, for :mod:`pipeline.faults.cluster` to decide on.
     """
     wm = max(int(watermark_ms), state.watermark_ms)
     settle = max(wm, int(advance_to_ms)) if advance_to_ms is not None else wm
@@ -173,8 +174,9 @@ def step(
     suspects: tuple[Suspect, ...]
     episode_rows: list[dict[str, Any]]
     if points:
-        if nrows(new):
-            point_rows = forecast(log, wins, wm, state.cluster, brokers[0] if brokers else "", errors, cfg)
+        # a forecast per broker that got events: a broker without any keeps its last one (points.py)
+        for code in np.unique(new["broker"]).tolist():
+            point_rows += forecast(log, wins, wm, state.cluster, brokers[code], code, errors, cfg)
         interval = int(cfg.evaluation_interval_s * 1000)
         # the grid is decided elsewhere; this keeps the log rows later forecasts read (see _forget)
         last_tick, episodes, suspects, ahead_tick, episode_rows = (settle // interval) * interval, state.episodes, (), NONE, []

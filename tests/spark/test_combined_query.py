@@ -1,7 +1,7 @@
 """The combined query's operator and sink: keyed chunks in (a file stream), Delta tables out.
 
 Each Parquet file is one micro-batch of the chunks the Kafka readers would emit, with the batch's
-settle point. The fault state is kept per (cluster, broker) and the episodes are decided per
+settle point. The fault state is kept per (cluster, shard of brokers) and the episodes are decided per
 cluster in the sink; the tables must hold exactly what one pure fault state per cluster writes
 when given the previous batch's settle point as its watermark and the batch's as the point to
 settle to. The readers' file lists reach the sink; a cluster without events in the last batch is
@@ -90,7 +90,7 @@ def test_each_cluster_gets_what_the_pure_step_writes_at_the_batches_settle_point
                          driver_step=ClusterDecisions(cfg, str(tmp_path / "ck" / "combined"), "test")).start()
     try:
         for i, (batch, settle) in enumerate(zip(batches, settles)):
-            pieces = fault_feed(bronze_table(batch), EVENT_COLUMNS)
+            pieces = fault_feed(bronze_table(batch), EVENT_COLUMNS, cfg.faults.shards)
             chunk = _keyed_chunks(pieces, settle)
             listing = {"_key": WRITTEN_KEY, "_table": WRITTEN, "rows": i, "arrow": written[i], SETTLE: settle}
             rows = pa.Table.from_batches([chunk]).to_pylist() + [listing]

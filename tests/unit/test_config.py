@@ -26,6 +26,7 @@ def test_repository_file_equals_embedded_defaults() -> None:
         ("[stream]\nmax_events_per_batch = 0", "stream.max_events_per_batch must be > 0"),
         ("[kafka]\nsecurity_protocol = 'TLS'", "kafka.security_protocol: 'TLS' is not valid"),
         ("[faults]\nquorum_share = 1.5", "faults.quorum_share must be in (0, 1]"),
+        ("[faults]\nshards = 0", "faults.shards must be an integer >= 1"),
         ("[lag.groups.g1]\nconsume_from_where = 'LATEST'", "lag.groups.g1.consume_from_where"),
         ("[kafka]\nsecurity_protocol = 'SASL_SSL'", "kafka.sasl_mechanism and kafka.sasl_username are required"),
         ("[spark]\nconf = 3", "spark.conf: expected a table"),

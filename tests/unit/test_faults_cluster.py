@@ -1,17 +1,20 @@
-"""Fault state per broker + the cluster decision over their points == one state for the cluster.
+"""Fault state per shard of brokers + the cluster decision over their points == one state for the cluster.
 
-The combined query keeps the fault state per (cluster, broker) and decides episodes on the
-brokers' grid points (pipeline.faults.points, pipeline.faults.cluster). Run both ways over the
-simulator's outage in micro-batches, as the query calls them (a broker with events in a batch is
+The combined query keeps the fault state per (cluster, shard of its brokers) and decides episodes
+on the brokers' grid points (pipeline.faults.points, pipeline.faults.cluster). Run both ways over
+the simulator's outage in micro-batches, as the query calls them (a key with events in a batch is
 stepped to the batch's settle point, an idle one once the watermark reaches its wake-up time),
-they must write the same windows, health rows and episode rows.
+they must write the same windows, health rows and episode rows; and the point rows must not
+depend on which brokers share a state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pipeline.config import FaultsConfig
@@ -19,7 +22,8 @@ from pipeline.faults import from_send_results, initial_state, step
 from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
 from pipeline.faults.frame import take
 from pipeline.simulate import MemorySink, Simulation
-from tests.doubles.faults_synth import outage_scenario
+from streaming.feeds import fault_shard
+from tests.doubles.faults_synth import outage_scenario, random_stream
 
 CFG = FaultsConfig()
 DELAY = 30_000
@@ -46,32 +50,47 @@ def one_state(batches: list[tuple[Any, int]]) -> dict[str, list[dict]]:
     return rows
 
 
-def per_broker(batches: list[tuple[Any, int]], through_json: bool) -> dict[str, list[dict]]:
+def by_broker(broker: str) -> str:
+    return broker
+
+
+def by_shard(shards: int) -> Callable[[str], str]:
+    return lambda broker: str(fault_shard(pa.array([broker]), shards)[0])
+
+
+def per_key(
+    batches: list[tuple[Any, int]], through_json: bool, key_of: Callable[[str], str] = by_broker,
+) -> dict[str, list[dict]]:
+    """The query's way: one points-mode state per ``key_of(broker)``, the decision over their points.
+
+    ``rows["points"]`` holds each batch's point rows (canonical), one entry per batch.
+    """
     states: dict[str, Any] = {}
     wakeups: dict[str, int | None] = {}
     decider = ClusterState("DefaultCluster")
-    rows: dict[str, list[dict]] = {"windows": [], "episodes": [], "health": [], "quarantine": []}
+    rows: dict[str, list[Any]] = {"windows": [], "episodes": [], "health": [], "quarantine": [], "points": []}
     previous = 0
     for events, settle in batches:
-        names = events["broker_name"]
+        keys = np.asarray([key_of(b) for b in events["broker_name"].tolist()], dtype=object)
         points: list[dict] = []
-        for broker in sorted(set(names.tolist()) | set(states)):
-            mine = take(events, names == broker)
+        for key in sorted(set(keys.tolist()) | set(states)):
+            mine = take(events, keys == key)
             if mine["ts_ms"].size:
-                state, out = step(states.get(broker) or initial_state("DefaultCluster"), mine, previous, CFG,
+                state, out = step(states.get(key) or initial_state("DefaultCluster"), mine, previous, CFG,
                                   None, settle, points=True)
-            elif wakeups.get(broker) is not None and previous >= wakeups[broker]:  # an event-time timeout
-                state, out = step(states[broker], mine, previous, CFG, None, previous, points=True)
+            elif wakeups.get(key) is not None and previous >= wakeups[key]:  # an event-time timeout
+                state, out = step(states[key], mine, previous, CFG, None, previous, points=True)
             else:
                 continue
-            states[broker], wakeups[broker] = state, out.wakeup_ms
+            states[key], wakeups[key] = state, out.wakeup_ms
             points += out.points
-            for key in ("windows", "health", "quarantine"):
-                rows[key] += getattr(out, key)
+            for name in ("windows", "health", "quarantine"):
+                rows[name] += getattr(out, name)
         decider, episodes = cluster_step(decider, points, settle, CFG)
         if through_json:
             decider = loads(dumps({"DefaultCluster": decider}))["DefaultCluster"]
         rows["episodes"] += episodes
+        rows["points"].append(canon(points))
         previous = settle
     return rows
 
@@ -88,14 +107,47 @@ def canon(rows: list[dict]) -> list[str]:
     return sorted(repr(sorted(r.items())) for r in rows)
 
 
+@pytest.mark.parametrize("shards", [None, 2, 8])
 @pytest.mark.parametrize("size_ms", [5_000, 41_000])
-def test_per_broker_states_and_the_cluster_decision_write_what_one_state_writes(outage: Any, size_ms: int) -> None:
+def test_per_key_states_and_the_cluster_decision_write_what_one_state_writes(
+    outage: Any, size_ms: int, shards: int | None,
+) -> None:
     batches = batches_of(outage, size_ms)
     want = one_state(batches)
-    got = per_broker(batches, through_json=size_ms == 5_000)
+    got = per_key(batches, through_json=size_ms == 5_000, key_of=by_broker if shards is None else by_shard(shards))
     assert want["episodes"], "the outage opens an episode"
     for key in ("windows", "health", "quarantine", "episodes"):
         assert canon(got[key]) == canon(want[key]), key
+
+
+@pytest.mark.parametrize("size_ms", [5_000, 41_000])
+def test_a_state_of_several_brokers_writes_the_point_rows_of_one_broker_states(outage: Any, size_ms: int) -> None:
+    batches = batches_of(outage, size_ms)
+    alone = per_key(batches, through_json=False)
+    for key_of in (by_shard(2), lambda broker: "all"):
+        assert per_key(batches, through_json=False, key_of=key_of)["points"] == alone["points"]
+    assert sum(map(len, alone["points"])) > 0
+
+
+def test_two_brokers_in_one_state_when_only_one_of_them_gets_events() -> None:
+    cols = from_send_results(random_stream(7, producers=8, brokers=2, events=1200, span_ms=180_000,
+                                           cluster="DefaultCluster"))
+    ts, names = cols["ts_ms"], cols["broker_name"]
+    t0 = int(ts.min())
+    # broker-1 is quiet from 60 s to 120 s: batches with events of broker-0 only
+    cols = take(cols, (names == "broker-0") | (ts < t0 + 60_000) | (ts >= t0 + 120_000))
+    batches = batches_of(cols, 10_000)
+    by_batch = [set(events["broker_name"].tolist()) for events, _ in batches]
+    assert {"broker-0"} in by_batch and {"broker-0", "broker-1"} in by_batch
+    alone = per_key(batches, through_json=False)
+    together = per_key(batches, through_json=False, key_of=lambda broker: "both")
+    assert together["points"] == alone["points"]
+    for (events, _), points in zip(batches, together["points"]):
+        # a forecast (header row first) for each broker with events in the batch, and no other
+        emitted = {row.split("'broker_name', '")[1].split("'")[0] for row in points}
+        assert emitted == set(events["broker_name"].tolist())
+    for name in ("windows", "health", "quarantine", "episodes"):
+        assert canon(together[name]) == canon(alone[name]), name
 
 
 def test_a_broker_without_events_keeps_its_forecast(outage: Any) -> None:

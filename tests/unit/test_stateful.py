@@ -69,7 +69,7 @@ def test_broker_faults_through_the_contract_write_what_the_pure_step_writes() ->
     for hi in cuts:
         part = take(events, (ts >= lo) & (ts < hi))
         lo, settle = hi, hi - DELAY
-        chunks = fault_feed(bronze_table(part).drop_columns([ROUTE_COLUMN]), EVENT_COLUMNS)
+        chunks = fault_feed(bronze_table(part).drop_columns([ROUTE_COLUMN]), EVENT_COLUMNS, cfg.shards)
         frame = reader_frame(chunks, settle, hi)
         tables, got_settle, now = read_chunks(iter([frame]))
         assert (got_settle, now) == (settle, hi)

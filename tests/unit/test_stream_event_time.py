@@ -94,6 +94,28 @@ def test_lag_feed_sends_progress_to_its_groups_shard_and_sends_to_every_shard() 
     assert len(g1) == 1 and sum(r.num_rows for _, n, r in pieces if n == "consumer_progress") == 3
 
 
+def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
+    from pipeline.faults import EVENT_COLUMNS, from_send_results
+    from streaming.feeds import fault_feed, fault_shard
+    from tests.doubles.faults_synth import bronze_table, random_stream
+
+    sends = bronze_table(from_send_results(random_stream(1, brokers=12, events=600)
+                                           + random_stream(2, brokers=3, events=200, cluster="c2")))
+    for shards in (1, 4):
+        pieces = fault_feed(sends, EVENT_COLUMNS, shards)
+        seen: dict[tuple[str, str], str] = {}
+        for key, name, rows in pieces:
+            concern, cluster, shard = parts_of(key)
+            assert (concern, name) == (FAULTS, "send_results") and 0 <= int(shard) < shards
+            for broker in set(plain(rows).column("broker_name").to_pylist()):
+                assert seen.setdefault((cluster, broker), shard) == shard
+                assert shard == str(fault_shard(pa.array([broker]), shards)[0])
+            assert set(plain(rows).column("cluster").to_pylist()) == {cluster}
+        assert sum(r.num_rows for _, _, r in pieces) == sends.num_rows
+        assert len(seen) == 15 and len(pieces) <= (2 if shards == 1 else 2 * shards)
+    assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 4 shards
+
+
 def test_keys_name_their_concern() -> None:
     assert parts_of(key_of(FAULTS, "c1")) == [FAULTS, "c1"]
 
