@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import episodes as ep_mod
-from pipeline.faults.frame import Cols, nrows, take
+from pipeline.faults.frame import Cols, take
 
 # The integer fields of a Point, then p99; bucket_errors travels as JSON.
 COUNTS = ("avoiding", "active", "sends", "failures", "failing", "slow", "bucket_sends", "bucket_failures")
@@ -39,27 +39,24 @@ def forecast(
     ``HEADER``): with it, an emission replaces everything the broker said before for grid points
     after ``after``, even when it has no point left.
     """
-    mine = log["broker"] == code
-    if not mine.all():
-        log = take(log, mine)
-    ours = wins["broker"] == code
-    if not ours.all():
-        wins = take(wins, ours)
     interval = int(cfg.evaluation_interval_s * 1000)
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
     slack = int(cfg.episode_close_after_s * 1000) + interval
-    head = int(log["ts"].max()) if nrows(log) else HEADER
+    # Only the broker's rows within reach, only the columns the points read: a shard's log holds
+    # several brokers, and copying all of it per broker was a tenth of a live micro-batch's CPU.
+    mine = log["broker"] == code
+    head = int(log["ts"][mine].max()) if mine.any() else HEADER
     rows: list[dict[str, Any]] = [_row(cluster, broker, after, head, HEADER, ep_mod.Point(), False)]
-    in_range = log["ts"] > after - reach
-    live = wins["end"] > after
+    in_range = mine & (log["ts"] > after - reach)
+    live = (wins["broker"] == code) & (wins["end"] > after)
     if not in_range.any() and not live.any():
         return rows
-    spans_from = np.concatenate([log["ts"][in_range], wins["start"][live]])
-    spans_to = np.concatenate([log["ts"][in_range] + reach, wins["end"][live]]) + slack
+    recent = {name: log[name][in_range] for name in ep_mod.POINT_COLUMNS}
+    spans_from = np.concatenate([recent["ts"], wins["start"][live]])
+    spans_to = np.concatenate([recent["ts"] + reach, wins["end"][live]]) + slack
     ticks = ep_mod.grid_times(spans_from, spans_to, after, int(spans_to.max()), interval)
     if not len(ticks):
         return rows
-    recent = {name: log[name][in_range] for name in ep_mod.POINT_COLUMNS}
     points = ep_mod.points_at(ticks, recent, take(wins, live), [code], errors, cfg)
     active_ms = int(cfg.active_producer_window_s * 1000)
     ts = np.sort(recent["ts"])
