@@ -28,7 +28,7 @@ from pipeline.faults import episodes as ep_mod
 from pipeline.faults import events as ev
 from pipeline.faults.decide import Suspect
 from pipeline.faults.frame import Cols, concat, empty, nrows, take
-from pipeline.faults.points import forecast
+from pipeline.faults.points import forecasts
 from schemas.events import SEND_STATUSES
 
 NONE = -1
@@ -175,8 +175,8 @@ def step(
     episode_rows: list[dict[str, Any]]
     if points:
         # a forecast per broker that got events: a broker without any keeps its last one (points.py)
-        for code in np.unique(new["broker"]).tolist():
-            point_rows += forecast(log, wins, wm, state.cluster, brokers[code], code, errors, cfg)
+        if nrows(new):
+            point_rows = forecasts(log, wins, wm, state.cluster, brokers, np.unique(new["broker"]).tolist(), errors, cfg)
         interval = int(cfg.evaluation_interval_s * 1000)
         # the grid is decided elsewhere; this keeps the log rows later forecasts read (see _forget)
         last_tick, episodes, suspects, ahead_tick, episode_rows = (settle // interval) * interval, state.episodes, (), NONE, []
