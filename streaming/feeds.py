@@ -2,9 +2,9 @@
 
 The combined query's stateful operator is keyed by the concern and the part of the data its rules
 need together: the fault state per (cluster, shard of its brokers), the lag state per (cluster,
-shard of its consumer groups). The
-readers have the decoded events in Arrow already, so they cut them by key themselves and Spark
-only shuffles small Arrow IPC chunks (one per key and fetch) to the tasks that own the keys.
+shard of its consumer groups). The readers have the decoded events in Arrow already, so they cut
+them by key themselves and Spark only shuffles small Arrow IPC chunks (one per key and fetch) to
+the tasks that own the keys.
 
 A key is a string: the concern's letter and the key's parts joined by :data:`SEP`.
 """
@@ -81,13 +81,6 @@ def encode_dictionary(rows: pa.Table, names: Sequence[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=rows.schema.names)
 
 
-def fault_shard(brokers: pa.Array, shards: int) -> np.ndarray:
-    """The fault shard of each broker name (CRC-32 of it, stable across processes)."""
-    if shards <= 1:
-        return np.zeros(len(brokers), dtype=np.int64)
-    return np.asarray([zlib.crc32(str(b).encode()) % shards for b in brokers.to_pylist()], dtype=np.int64)
-
-
 def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> list[tuple[str, str, pa.Table]]:
     """(key, table, rows) per (cluster, shard): the fault step's columns of the send results, with
     the brokers of a cluster spread over ``shards`` keys by a hash of their name."""
@@ -97,19 +90,19 @@ def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> l
     names = send_results.column("broker_name").combine_chunks()
     if not pa.types.is_dictionary(names.type):
         names = pc.dictionary_encode(names)
-    shard_of = fault_shard(names.dictionary, shards)  # per distinct broker, not per row
-    shard = pa.array(shard_of[names.indices.to_numpy(zero_copy_only=False)].astype(str))
+    shards_of = shard_of(names.dictionary, shards)  # per distinct broker, not per row
+    shard = pa.array(shards_of[names.indices.to_numpy(zero_copy_only=False)].astype(str))
     for (cluster, s), part in split_by(send_results.append_column("_shard", shard), ("cluster", "_shard")):
         out.append((key_of(FAULTS, cluster, s), "send_results",
                     encode_dictionary(part.select(list(columns)), FAULT_DICTIONARY)))
     return out
 
 
-def lag_shard(groups: pa.Array, shards: int) -> np.ndarray:
-    """The lag shard of each consumer group (CRC-32 of its name, stable across processes)."""
+def shard_of(names: pa.Array, shards: int) -> np.ndarray:
+    """The shard of each name (a broker, a consumer group): CRC-32 of it, stable across processes."""
     if shards <= 1:
-        return np.zeros(len(groups), dtype=np.int64)
-    return np.asarray([zlib.crc32(str(g).encode()) % shards for g in groups.to_pylist()], dtype=np.int64)
+        return np.zeros(len(names), dtype=np.int64)
+    return np.asarray([zlib.crc32(str(n).encode()) % shards for n in names.to_pylist()], dtype=np.int64)
 
 
 def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, pa.Table]]:
@@ -125,7 +118,7 @@ def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, p
                 slim = encode_dictionary(part, LAG_DICTIONARY)
                 out += [(key_of(LAG, cluster, s), name, slim) for s in range(max(1, shards))]
             continue
-        shard = pa.array(lag_shard(rows.column("consumer_group"), shards).astype(str))
+        shard = pa.array(shard_of(rows.column("consumer_group"), shards).astype(str))
         for (cluster, s), part in split_by(rows.append_column("_shard", shard), ("cluster", "_shard")):
             out.append((key_of(LAG, cluster, s), name, encode_dictionary(part.drop_columns(["_shard"]),
                                                                           LAG_DICTIONARY)))

@@ -22,7 +22,7 @@ from pipeline.faults import from_send_results, initial_state, step
 from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
 from pipeline.faults.frame import take
 from pipeline.simulate import MemorySink, Simulation
-from streaming.feeds import fault_shard
+from streaming.feeds import shard_of
 from tests.doubles.faults_synth import outage_scenario, random_stream
 
 CFG = FaultsConfig()
@@ -55,7 +55,7 @@ def by_broker(broker: str) -> str:
 
 
 def by_shard(shards: int) -> Callable[[str], str]:
-    return lambda broker: str(fault_shard(pa.array([broker]), shards)[0])
+    return lambda broker: str(shard_of(pa.array([broker]), shards)[0])
 
 
 def per_key(

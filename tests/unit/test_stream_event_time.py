@@ -96,7 +96,7 @@ def test_lag_feed_sends_progress_to_its_groups_shard_and_sends_to_every_shard() 
 
 def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
     from pipeline.faults import EVENT_COLUMNS, from_send_results
-    from streaming.feeds import fault_feed, fault_shard
+    from streaming.feeds import fault_feed, shard_of
     from tests.doubles.faults_synth import bronze_table, random_stream
 
     sends = bronze_table(from_send_results(random_stream(1, brokers=12, events=600)
@@ -109,7 +109,7 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
             assert (concern, name) == (FAULTS, "send_results") and 0 <= int(shard) < shards
             for broker in set(plain(rows).column("broker_name").to_pylist()):
                 assert seen.setdefault((cluster, broker), shard) == shard
-                assert shard == str(fault_shard(pa.array([broker]), shards)[0])
+                assert shard == str(shard_of(pa.array([broker]), shards)[0])
             assert set(plain(rows).column("cluster").to_pylist()) == {cluster}
         assert sum(r.num_rows for _, _, r in pieces) == sends.num_rows
         assert len(seen) == 15 and len(pieces) <= (2 if shards == 1 else 2 * shards)
