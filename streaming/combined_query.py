@@ -2,14 +2,15 @@
 
 The reader tasks decode each fetch once, write the bronze Parquet files themselves and cut the
 events into keyed chunks (:mod:`streaming.feeds`): the fault state's send results per (cluster,
-shard of its brokers), the lag state's events per (cluster, shard of its groups). One ``applyInPandasWithState`` operator, keyed by those
-strings, runs the pure steps (:func:`pipeline.faults.step`, :func:`pipeline.lag.step`) for many
-keys on every shuffle partition at once; its output chunks and the readers' file lists meet in one
-sink that commits every table exactly once. The episode rules compare a broker with its peers:
-each fault key writes the grid points of its brokers and the sink decides per cluster on them
-(:mod:`streaming.decisions`). A second stateful stage per cluster is not an option: Spark 4.3
-refuses two ``applyInPandasWithState`` in one query, with ``statefulOperator.allowMultiple`` too
-(checked), and an aggregation after one needs a watermark on its output.
+shard of its brokers), the lag state's events per (cluster, shard of its groups). One
+``applyInPandasWithState`` operator, keyed by those strings, runs the pure steps
+(:func:`pipeline.faults.step`, :func:`pipeline.lag.step`) for many keys on every shuffle partition
+at once; its output chunks and the readers' file lists meet in one sink that commits every table
+exactly once. The episode rules compare a broker with its peers: each fault key writes the grid
+points of its brokers and the sink decides per cluster on them (:mod:`streaming.decisions`). A
+second stateful stage per cluster is not an option: Spark 4.3 refuses two
+``applyInPandasWithState`` in one query, with ``statefulOperator.allowMultiple`` too (checked), and
+an aggregation after one needs a watermark on its output.
 
 Event time comes from the source, not from Spark's max-event-time watermark: each micro-batch's
 offsets carry its settle point (:func:`streaming.kafka_source.settle_point`), which follows the

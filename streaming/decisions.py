@@ -1,11 +1,12 @@
 """The cluster decisions of the combined query, run in its sink on the driver.
 
 The fault state is keyed per (cluster, shard of its brokers); the episode rules compare all the
-cluster's brokers, so each key's step writes its brokers' grid points and :func:`pipeline.faults.cluster.cluster_step` decides
-per cluster on them, here, once per micro-batch: a few rows per broker instead of every event
-through one task. Its state (JSON, small) is saved in the checkpoint per batch id BEFORE the Delta
-commits: a batch replayed after a crash starts again from the state of the batch before it and
-writes the same rows, which the commits then skip as a replay.
+cluster's brokers, so each key's step writes its brokers' grid points and
+:func:`pipeline.faults.cluster.cluster_step` decides per cluster on them, here, once per
+micro-batch: a few rows per broker instead of every event through one task. Its state (JSON, small)
+is saved in the checkpoint per batch id BEFORE the Delta commits: a batch replayed after a crash
+starts again from the state of the batch before it and writes the same rows, which the commits then
+skip as a replay.
 """
 
 from __future__ import annotations

@@ -137,9 +137,7 @@ POINT_COLUMNS = ("broker", "ts", "latency", "pair", "failed", "err")
 def points_at(
     ticks: np.ndarray, log: Cols, windows: Cols, brokers: list[int], errors: tuple[str, ...], cfg: FaultsConfig
 ) -> list[dict[int, Point]]:
-    """The per-broker :class:`Point` of every grid time in ``ticks``."""
-    interval = int(cfg.evaluation_interval_s * 1000)
-    act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
+    """The per-broker :class:`Point` of every grid time in ``ticks`` (:func:`broker_points` per broker)."""
     result: list[dict[int, Point]] = [{b: Point() for b in brokers} for _ in ticks]
     win_use = np.ones(len(windows["pair"]), dtype=bool) if cfg.quorum_counts_shadow_windows else windows["enable"]
     # One sort by (broker, time) for all brokers; each broker's events are then a contiguous block.
@@ -148,53 +146,114 @@ def points_at(
     order = log["ts"].argsort(kind="stable")
     order = order[stable_argsort(log["broker"][order])]
     by_broker = log["broker"][order]
-    ts_all, lat_all, pair_all = log["ts"][order], log["latency"][order], log["pair"][order]
-    failed_all, err_all = log["failed"][order], log["err"][order]
-    cum_all = np.concatenate([[0], np.cumsum(failed_all)])
-    n_pairs = int(max(pair_all.max(initial=0), windows["pair"].max(initial=0))) + 1
-    # next event of the same pair (a pair is one producer on one broker): inside the broker's block,
-    # or len(log)
-    nxt_all = next_same(pair_all)
     starts = np.searchsorted(by_broker, brokers, side="left")
     stops = np.searchsorted(by_broker, brokers, side="right")
-    sending_mark = np.zeros(n_pairs, dtype=bool)  # scratch: the producers sending at one grid time
     for b, s0, s1 in zip(brokers, starts.tolist(), stops.tolist()):
-        ts, lat, pair = ts_all[s0:s1], lat_all[s0:s1], pair_all[s0:s1]
-        failed, err = failed_all[s0:s1], err_all[s0:s1]
-        cum_fail = cum_all[s0 : s1 + 1]  # only differences are read
-        nxt = nxt_all[s0:s1] - s0
-        hi = np.searchsorted(ts, ticks, side="right")
-        lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
-        lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
-        lo_bkt = np.searchsorted(ts, ticks - interval, side="right")
+        rows = order[s0:s1]
         wsel = np.flatnonzero((windows["broker"] == b) & win_use)
-        w_start, w_end, w_pair = windows["start"][wsel], windows["end"][wsel], windows["pair"][wsel]
-        for k, t in enumerate(ticks.tolist()):
-            p = result[k][b]
-            covering = (w_start <= t) & (w_end > t)
-            avoid = np.unique(w_pair[covering]) if covering.any() else w_pair[:0]
-            recent = slice(lo_act[k], hi[k])
-            sending = pair[recent][nxt[recent] >= hi[k]]  # each producer that sent in the window, once
-            p.avoiding = len(avoid)
-            p.active = len(sending)
-            if len(avoid):  # producers avoiding the broker count as active even if they stopped sending to it
-                sending_mark[sending] = True
-                p.active += int(np.count_nonzero(~sending_mark[avoid]))
-                sending_mark[sending] = False
-            p.sends = int(hi[k] - lo_out[k])
-            p.failures = int(cum_fail[hi[k]] - cum_fail[lo_out[k]])
-            if p.sends:
-                window = slice(lo_out[k], hi[k])
-                p.p99 = quantile(lat[window], 0.99)
-                p.failing = len(set(pair[window][failed[window]].tolist())) if p.failures else 0
-                slow = lat[window] >= cfg.outlier_min_latency_ms
-                p.slow = len(set(pair[window][slow].tolist())) if slow.any() else 0
-            p.bucket_sends = int(hi[k] - lo_bkt[k])
-            p.bucket_failures = int(cum_fail[hi[k]] - cum_fail[lo_bkt[k]])
-            if p.bucket_failures:
-                seg = slice(lo_bkt[k], hi[k])
-                p.bucket_errors = Counter(errors[e] for e in err[seg][failed[seg]].tolist())
+        points, _ = broker_points(ticks, {name: log[name][rows] for name in POINT_COLUMNS},
+                                  windows["start"][wsel], windows["end"][wsel], windows["pair"][wsel], errors, cfg)
+        for k, p in enumerate(points):
+            result[k][b] = p
     return result
+
+
+def broker_points(
+    ticks: np.ndarray, sends: Cols, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray,
+    errors: tuple[str, ...], cfg: FaultsConfig,
+) -> tuple[list[Point], list[bool]]:
+    """One broker's :class:`episodes.Point` at each of ``ticks``, and whether it had a send in the
+    active-producer window there, over all ticks at once.
+
+    ``sends`` holds the broker's log rows (:data:`POINT_COLUMNS`) in time order; the windows are
+    the ones the quorum counts. A distinct count over a range of rows is the number of rows there
+    whose pair does not come again before the range ends (:func:`next_same`),
+    taken for every tick at once on a (ticks x rows) grid; only the p99s and the error counts of
+    a tick with failures take a step per tick.
+    """
+    interval = int(cfg.evaluation_interval_s * 1000)
+    act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
+    ts, lat, pair, failed = sends["ts"], sends["latency"], sends["pair"], sends["failed"]
+    hi = np.searchsorted(ts, ticks, side="right")
+    lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
+    lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
+    lo_bkt = np.searchsorted(ts, ticks - interval, side="right")
+    cum_fail = np.concatenate([[0], np.cumsum(failed)])
+    n_sends, failures = hi - lo_out, cum_fail[hi] - cum_fail[lo_out]
+    bucket_sends, bucket_failures = hi - lo_bkt, cum_fail[hi] - cum_fail[lo_bkt]
+    active = _distinct(pair, lo_act, hi)
+    failing = _distinct_where(pair, failed, lo_out, hi)
+    slow = _distinct_where(pair, lat >= cfg.outlier_min_latency_ms, lo_out, hi)
+    avoiding, idle = _avoiding(ticks, w_start, w_end, w_pair, pair, lo_act, hi)
+    points = []
+    for k in range(len(ticks)):
+        p = Point(avoiding=int(avoiding[k]), active=int(active[k] + idle[k]), sends=int(n_sends[k]),
+                         failures=int(failures[k]), bucket_sends=int(bucket_sends[k]),
+                         bucket_failures=int(bucket_failures[k]))
+        if p.sends:
+            p.p99 = quantile(lat[lo_out[k]:hi[k]], 0.99)
+            p.failing, p.slow = int(failing[k]), int(slow[k])
+        if p.bucket_failures:
+            seg = slice(int(lo_bkt[k]), int(hi[k]))
+            p.bucket_errors = Counter(errors[e] for e in sends["err"][seg][failed[seg]].tolist())
+        points.append(p)
+    return points, (hi - lo_act > 0).tolist()
+
+
+def _distinct(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How many distinct ``values`` each range ``[lo[k], hi[k])`` holds (``lo``, ``hi`` ascending)."""
+    out = np.zeros(len(lo), dtype=np.int64)
+    if not len(values):
+        return out
+    nxt = next_same(values)
+    k = 0
+    while k < len(lo):  # a few ticks at a time: the grid stays small when a backlog's ranges are long
+        first = int(lo[k])
+        stop = k + 1
+        while stop < len(lo) and (stop + 1 - k) * (int(hi[stop]) - first) <= _GRID_CELLS:
+            stop += 1
+        last = int(hi[stop - 1])
+        idx = np.arange(first, last)
+        lo_k, hi_k = lo[k:stop, None], hi[k:stop, None]
+        out[k:stop] = ((idx >= lo_k) & (idx < hi_k) & (nxt[first:last] >= hi_k)).sum(axis=1)
+        k = stop
+    return out
+
+
+_GRID_CELLS = 1 << 20  # (ticks x rows) cells per step of _distinct
+
+
+def _distinct_where(values: np.ndarray, where: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How many distinct ``values`` of the rows selected by ``where`` each range ``[lo, hi)`` holds."""
+    rows = np.flatnonzero(where)
+    if not len(rows):
+        return np.zeros(len(lo), dtype=np.int64)
+    return _distinct(values[rows], np.searchsorted(rows, lo), np.searchsorted(rows, hi))
+
+
+def _avoiding(
+    ticks: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray, pair: np.ndarray,
+    lo_act: np.ndarray, hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per tick: the producers with a window covering it, and how many of those sent nothing in
+    the active window (they count as active all the same)."""
+    avoiding = np.zeros(len(ticks), dtype=np.int64)
+    idle = np.zeros(len(ticks), dtype=np.int64)
+    covering = (w_start[None, :] <= ticks[:, None]) & (w_end[None, :] > ticks[:, None])
+    if not covering.any():
+        return avoiding, idle
+    k, w = np.nonzero(covering)
+    width = int(max(int(w_pair.max()), int(pair.max(initial=0)))) + 1
+    combos = np.unique(k.astype(np.int64) * width + w_pair[w])  # each (tick, producer) once
+    k, who = combos // width, combos % width
+    avoiding += np.bincount(k, minlength=len(ticks))
+    # a producer sent in the active window iff one of its rows lies in [lo_act, hi): rows sorted
+    # by (pair, position), then one range count per (tick, producer)
+    n = len(pair)
+    keyed = np.sort(pair.astype(np.int64) * (n + 1) + np.arange(n))
+    sent = (np.searchsorted(keyed, who * (n + 1) + hi[k]) - np.searchsorted(keyed, who * (n + 1) + lo_act[k])) > 0
+    idle += np.bincount(k[~sent], minlength=len(ticks))
+    return avoiding, idle
 
 
 @dataclass

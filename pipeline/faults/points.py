@@ -38,7 +38,7 @@ def forecasts(
     The header row (tick ``HEADER``) makes an emission replace everything the broker said before
     for grid points after ``after``, even when it has no point left. ``log`` and ``wins`` may hold
     other brokers too: only the rows of ``codes`` within reach are read, sorted once by (broker,
-    time), and each broker's points come from :func:`broker_points` over its block.
+    time), and each broker's points come from :func:`episodes.broker_points` over its block.
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
@@ -71,108 +71,10 @@ def forecasts(
         if not len(ticks):
             continue
         used = mine_live & win_use
-        points, seen = broker_points(ticks, {name: col[block] for name, col in recent.items()},
+        points, seen = ep_mod.broker_points(ticks, {name: col[block] for name, col in recent.items()},
                                      wins["start"][used], wins["end"][used], wins["pair"][used], errors, cfg)
         out.extend(_row(cluster, broker, after, head, t, p, s) for t, p, s in zip(ticks.tolist(), points, seen))
     return out
-
-
-def broker_points(
-    ticks: np.ndarray, sends: Cols, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray,
-    errors: tuple[str, ...], cfg: FaultsConfig,
-) -> tuple[list[ep_mod.Point], list[bool]]:
-    """One broker's :class:`episodes.Point` at each of ``ticks``, and whether it had a send in the
-    active-producer window there: what :func:`episodes.points_at` computes, over all ticks at once.
-
-    ``sends`` holds the broker's log rows (:data:`episodes.POINT_COLUMNS`) in time order; the
-    windows are the ones the quorum counts. A distinct count over a range of rows is the number of
-    rows there whose pair does not come again before the range ends (:func:`episodes.next_same`),
-    taken for every tick at once on a (ticks x rows) grid; only the p99s and the error counts of
-    a tick with failures take a step per tick.
-    """
-    interval = int(cfg.evaluation_interval_s * 1000)
-    act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
-    ts, lat, pair, failed = sends["ts"], sends["latency"], sends["pair"], sends["failed"]
-    hi = np.searchsorted(ts, ticks, side="right")
-    lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
-    lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
-    lo_bkt = np.searchsorted(ts, ticks - interval, side="right")
-    cum_fail = np.concatenate([[0], np.cumsum(failed)])
-    n_sends, failures = hi - lo_out, cum_fail[hi] - cum_fail[lo_out]
-    bucket_sends, bucket_failures = hi - lo_bkt, cum_fail[hi] - cum_fail[lo_bkt]
-    active = _distinct(pair, lo_act, hi)
-    failing = _distinct_where(pair, failed, lo_out, hi)
-    slow = _distinct_where(pair, lat >= cfg.outlier_min_latency_ms, lo_out, hi)
-    avoiding, idle = _avoiding(ticks, w_start, w_end, w_pair, pair, lo_act, hi)
-    points = []
-    for k in range(len(ticks)):
-        p = ep_mod.Point(avoiding=int(avoiding[k]), active=int(active[k] + idle[k]), sends=int(n_sends[k]),
-                         failures=int(failures[k]), bucket_sends=int(bucket_sends[k]),
-                         bucket_failures=int(bucket_failures[k]))
-        if p.sends:
-            p.p99 = ep_mod.quantile(lat[lo_out[k]:hi[k]], 0.99)
-            p.failing, p.slow = int(failing[k]), int(slow[k])
-        if p.bucket_failures:
-            seg = slice(int(lo_bkt[k]), int(hi[k]))
-            p.bucket_errors = Counter(errors[e] for e in sends["err"][seg][failed[seg]].tolist())
-        points.append(p)
-    return points, (hi - lo_act > 0).tolist()
-
-
-def _distinct(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How many distinct ``values`` each range ``[lo[k], hi[k])`` holds (``lo``, ``hi`` ascending)."""
-    out = np.zeros(len(lo), dtype=np.int64)
-    if not len(values):
-        return out
-    nxt = ep_mod.next_same(values)
-    k = 0
-    while k < len(lo):  # a few ticks at a time: the grid stays small when a backlog's ranges are long
-        first = int(lo[k])
-        stop = k + 1
-        while stop < len(lo) and (stop + 1 - k) * (int(hi[stop]) - first) <= _GRID_CELLS:
-            stop += 1
-        last = int(hi[stop - 1])
-        idx = np.arange(first, last)
-        lo_k, hi_k = lo[k:stop, None], hi[k:stop, None]
-        out[k:stop] = ((idx >= lo_k) & (idx < hi_k) & (nxt[first:last] >= hi_k)).sum(axis=1)
-        k = stop
-    return out
-
-
-_GRID_CELLS = 1 << 20  # (ticks x rows) cells per step of _distinct
-
-
-def _distinct_where(values: np.ndarray, where: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How many distinct ``values`` of the rows selected by ``where`` each range ``[lo, hi)`` holds."""
-    rows = np.flatnonzero(where)
-    if not len(rows):
-        return np.zeros(len(lo), dtype=np.int64)
-    return _distinct(values[rows], np.searchsorted(rows, lo), np.searchsorted(rows, hi))
-
-
-def _avoiding(
-    ticks: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray, pair: np.ndarray,
-    lo_act: np.ndarray, hi: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per tick: the producers with a window covering it, and how many of those sent nothing in
-    the active window (they count as active all the same)."""
-    avoiding = np.zeros(len(ticks), dtype=np.int64)
-    idle = np.zeros(len(ticks), dtype=np.int64)
-    covering = (w_start[None, :] <= ticks[:, None]) & (w_end[None, :] > ticks[:, None])
-    if not covering.any():
-        return avoiding, idle
-    k, w = np.nonzero(covering)
-    width = int(max(int(w_pair.max()), int(pair.max(initial=0)))) + 1
-    combos = np.unique(k.astype(np.int64) * width + w_pair[w])  # each (tick, producer) once
-    k, who = combos // width, combos % width
-    avoiding += np.bincount(k, minlength=len(ticks))
-    # a producer sent in the active window iff one of its rows lies in [lo_act, hi): rows sorted
-    # by (pair, position), then one range count per (tick, producer)
-    n = len(pair)
-    keyed = np.sort(pair.astype(np.int64) * (n + 1) + np.arange(n))
-    sent = (np.searchsorted(keyed, who * (n + 1) + hi[k]) - np.searchsorted(keyed, who * (n + 1) + lo_act[k])) > 0
-    idle += np.bincount(k[~sent], minlength=len(ticks))
-    return avoiding, idle
 
 
 def _row(cluster: str, broker: str, after: int, head: int, tick: int, p: ep_mod.Point, seen: bool) -> dict[str, Any]:

@@ -1,57 +1,92 @@
-"""The vectorised grid points of one broker (pipeline.faults.points.broker_points) equal the
-per-tick reference (pipeline.faults.episodes.points_at) on random sends and windows."""
+"""A broker's grid points (pipeline.faults.episodes.broker_points, points_at over several brokers)
+equal a plain per-tick count with sets, on random sends with ties, windows and shadow windows."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import episodes as ep_mod
-from pipeline.faults.points import broker_points
+from pipeline.faults.episodes import Point, broker_points, points_at
 
 ERRORS = ("E_TIMEOUT", "E_BUSY", "E_REFUSED")
+TICKS = np.arange(-5, 40, dtype=np.int64) * 5_000
 
 
-def random_broker(rng: np.random.Generator, n: int, n_wins: int, producers: int) -> tuple[dict, dict]:
+def random_log(rng: np.random.Generator, n: int, n_wins: int, producers: int, brokers: int = 1) -> tuple[dict, dict]:
     ts = np.sort(rng.integers(0, 120_000, n) // 250 * 250).astype(np.int64)  # with ties
     failed = rng.random(n) < 0.05
-    sends = {
-        "broker": np.full(n, 3, dtype=np.int32), "ts": ts,
+    log = {
+        "broker": rng.integers(0, brokers, n).astype(np.int32), "ts": ts,
         "latency": np.where(rng.random(n) < 0.05, rng.integers(550, 4000, n), rng.integers(1, 40, n)).astype(np.int64),
         "pair": rng.integers(0, producers, n).astype(np.int64), "failed": failed,
         "err": np.where(failed, rng.integers(0, len(ERRORS), n), 0).astype(np.int32),
     }
     start = rng.integers(0, 120_000, n_wins).astype(np.int64)
-    wins = {"broker": np.full(n_wins, 3, dtype=np.int32), "start": start,
-            "end": start + rng.integers(1, 60_000, n_wins), "pair": rng.integers(0, producers + 5, n_wins).astype(np.int64),
-            "enable": rng.random(n_wins) < 0.7}
-    return sends, wins
+    wins = {"broker": rng.integers(0, brokers, n_wins).astype(np.int32), "start": start,
+            "end": start + rng.integers(1, 60_000, n_wins),
+            "pair": rng.integers(0, producers + 5, n_wins).astype(np.int64), "enable": rng.random(n_wins) < 0.7}
+    return log, wins
+
+
+def plain_points(log: dict, wins: dict, broker: int, cfg: FaultsConfig) -> tuple[list[Point], list[bool]]:
+    """The rules' definitions, one tick and one set at a time."""
+    act, out, bucket = (int(s * 1000) for s in (cfg.active_producer_window_s, cfg.outlier_window_s,
+                                                 cfg.evaluation_interval_s))
+    mine = [i for i in range(len(log["ts"])) if log["broker"][i] == broker]
+    counted = [j for j in range(len(wins["pair"]))
+               if wins["broker"][j] == broker and (cfg.quorum_counts_shadow_windows or wins["enable"][j])]
+    points, seen = [], []
+    for t in TICKS.tolist():
+        def within(span: int, t: int = t) -> list[int]:
+            return [i for i in mine if t - span < log["ts"][i] <= t]
+
+        in_act, in_out, in_bucket = within(act), within(out), within(bucket)
+        avoiding = {int(wins["pair"][j]) for j in counted if wins["start"][j] <= t < wins["end"][j]}
+        p = Point(avoiding=len(avoiding), active=len({int(log["pair"][i]) for i in in_act} | avoiding),
+                  sends=len(in_out), failures=sum(bool(log["failed"][i]) for i in in_out),
+                  bucket_sends=len(in_bucket), bucket_failures=sum(bool(log["failed"][i]) for i in in_bucket))
+        if in_out:
+            p.p99 = ep_mod.quantile(log["latency"][in_out], 0.99)
+            p.failing = len({int(log["pair"][i]) for i in in_out if log["failed"][i]})
+            p.slow = len({int(log["pair"][i]) for i in in_out if log["latency"][i] >= cfg.outlier_min_latency_ms})
+        p.bucket_errors = Counter(ERRORS[log["err"][i]] for i in in_bucket if log["failed"][i])
+        points.append(p)
+        seen.append(bool(in_act))
+    return points, seen
 
 
 @pytest.mark.parametrize("shadow", [True, False])
-@pytest.mark.parametrize("seed", range(12))
-def test_broker_points_equal_points_at(seed: int, shadow: bool) -> None:
+@pytest.mark.parametrize("seed", range(10))
+def test_broker_points_count_what_the_rules_define(seed: int, shadow: bool) -> None:
     rng = np.random.default_rng(seed)
     cfg = FaultsConfig(quorum_counts_shadow_windows=shadow)
-    n = int(rng.choice([0, 1, 7, 300, 3000]))
-    sends, wins = random_broker(rng, n, int(rng.integers(0, 30)), int(rng.choice([3, 50, 500])))
-    ticks = np.arange(-5, 40, dtype=np.int64) * 5_000
-    expected = ep_mod.points_at(ticks, sends, wins, [3], ERRORS, cfg)
+    log, wins = random_log(rng, int(rng.choice([0, 1, 7, 300, 1500])), int(rng.integers(0, 30)),
+                           int(rng.choice([3, 50, 500])))
     use = np.ones(len(wins["pair"]), dtype=bool) if shadow else wins["enable"]
-    points, seen = broker_points(ticks, sends, wins["start"][use], wins["end"][use], wins["pair"][use], ERRORS, cfg)
-    assert [e[3] for e in expected] == points
-    act_ms = int(cfg.active_producer_window_s * 1000)
-    assert seen == [bool(((sends["ts"] > t - act_ms) & (sends["ts"] <= t)).any()) for t in ticks.tolist()]
+    got = broker_points(TICKS, log, wins["start"][use], wins["end"][use], wins["pair"][use], ERRORS, cfg)
+    assert got == plain_points(log, wins, 0, cfg)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_points_at_splits_the_log_by_broker(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    cfg = FaultsConfig(quorum_counts_shadow_windows=bool(seed % 2))
+    log, wins = random_log(rng, 1200, 40, 80, brokers=4)
+    order = rng.permutation(len(log["ts"]))  # the log is not in time order
+    log = {name: values[order] for name, values in log.items()}
+    got = points_at(TICKS, log, wins, [0, 1, 2, 3], ERRORS, cfg)
+    for b in range(4):
+        assert [per_tick[b] for per_tick in got] == plain_points(log, wins, b, cfg)[0]
 
 
 def test_long_ranges_are_counted_in_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A backlog's long ranges go through the (ticks x rows) grid a few ticks at a time."""
-    from pipeline.faults import points
-
     rng = np.random.default_rng(1)
-    sends, wins = random_broker(rng, 3000, 10, 200)
-    ticks = np.arange(0, 25, dtype=np.int64) * 5_000
-    whole = broker_points(ticks, sends, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig())
-    monkeypatch.setattr(points, "_GRID_CELLS", 500)
-    assert broker_points(ticks, sends, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig()) == whole
+    log, wins = random_log(rng, 3000, 10, 200)
+    whole = broker_points(TICKS, log, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig())
+    monkeypatch.setattr(ep_mod, "_GRID_CELLS", 500)
+    assert broker_points(TICKS, log, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig()) == whole
