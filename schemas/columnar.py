@@ -10,7 +10,8 @@ valid by ``check_record`` too (a property test holds the two together).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -55,12 +56,8 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
     The objects become one Arrow struct array; the value rules then run on its columns. None when
     the batch needs the field-by-field route (a non-dict, or a value of a wrong type somewhere).
     """
-    if not objs or set(map(type, objs)) != {dict}:
+    if not objs or set(map(type, objs)) != {dict} or _odd_types(fields, objs):
         return None
-    for f in fields:
-        odd = _SILENTLY_CONVERTED.get(f.kind)
-        if odd is not None and not odd.isdisjoint(map(type, map(dict.get, objs, repeat(f.name)))):
-            return None
     try:
         struct = pa.array(objs, pa.struct([(f.name, f.arrow_type) for f in fields]))
     except _CONVERSION_ERRORS:
@@ -86,6 +83,23 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
             suspects.update(_string_violations(f, arr) or ())
         arrays[f.name] = arr
     return arrays, suspects
+
+
+def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:
+    """True if a value somewhere has a type Arrow would convert silently (``_SILENTLY_CONVERTED``)."""
+    for odd in set(_SILENTLY_CONVERTED.values()):
+        names = [f.name for f in fields if _SILENTLY_CONVERTED.get(f.kind) == odd]
+        if not names:
+            continue
+        try:  # the fields of one kind together: one tuple per object, not a pass per field
+            values: Any = map(itemgetter(names[0]), objs) if len(names) == 1 else chain.from_iterable(
+                map(itemgetter(*names), objs))
+            if not odd.isdisjoint(map(type, values)):
+                return True
+        except KeyError:  # a field missing somewhere: field by field, a missing value counting as None
+            if any(not odd.isdisjoint(map(type, map(dict.get, objs, repeat(name)))) for name in names):
+                return True
+    return False
 
 
 def _field_by_field(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str, pa.Array], set[int]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pyarrow as pa
@@ -18,6 +18,7 @@ from schemas.columnar import validate_columns
 from schemas.events import EVENTS, decode_event
 from schemas.fields import Invalid, arrow_schema, check_record
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, ROUTE_COLUMN, routed_fields
+from streaming.kafka_records import RecordColumns
 
 _DAY_MS = 86_400_000
 _EPOCH = dt.date(1970, 1, 1)
@@ -48,67 +49,85 @@ class BatchDecoder:
             date = self._dates[day] = (_EPOCH + dt.timedelta(days=day)).isoformat()
         return date
 
-    def decode(self, topic: str, partition: int, records: Sequence[Any]) -> pa.RecordBatch:
+    def decode(self, topic: str, partition: int, records: RecordColumns) -> pa.RecordBatch:
         """Decode ``records``; the valid ones become the kind's bronze rows, the rest quarantine rows.
 
         Parsing is per record (orjson); validation runs column-wise (:mod:`schemas.columnar`) and
         only suspect records go through the per-record check, which names the reason.
         """
-        objs: list[Any] = []
+        values = records.values
         bad_rows: list[dict[str, Any]] = []
-        keep: list[int] = []
-        limit = self.max_event_bytes
-        for i, rec in enumerate(records):
-            value = rec.value
-            if value is not None and 0 < len(value) <= limit:
-                try:
-                    objs.append(orjson.loads(value))
-                    keep.append(i)
-                    continue
-                except orjson.JSONDecodeError:
-                    pass
-            try:  # the per-record check knows the exact reason
-                decode_event(self.kind, value, limit)
-            except Invalid as exc:
-                bad_rows.append(self._quarantine_row(topic, partition, rec, exc))
+        keep, objs = self._parse_all(values)
+        if objs is None:
+            keep, objs = [], []
+            limit = self.max_event_bytes
+            for i, value in enumerate(values):
+                if value is not None and 0 < len(value) <= limit:
+                    try:
+                        objs.append(orjson.loads(value))
+                        keep.append(i)
+                        continue
+                    except orjson.JSONDecodeError:
+                        pass
+                try:  # the per-record check knows the exact reason
+                    decode_event(self.kind, value, limit)
+                except Invalid as exc:
+                    bad_rows.append(self._quarantine_row(topic, partition, records, i, exc))
         arrays, suspects = validate_columns(self.fields, objs)
         rescued: list[dict[str, Any]] = []
-        rescued_src: list[Any] = []
+        rescued_src: list[int] = []
         for j in sorted(suspects):
-            rec = records[keep[j]]
             try:
                 rescued.append(check_record(self.fields, objs[j]))
-                rescued_src.append(rec)
+                rescued_src.append(keep[j])
             except Invalid as exc:
-                bad_rows.append(self._quarantine_row(topic, partition, rec, exc))
-        good_src = [records[keep[j]] for j in range(len(objs)) if j not in suspects] if suspects else [records[i] for i in keep]
+                bad_rows.append(self._quarantine_row(topic, partition, records, keep[j], exc))
+        good_src = [keep[j] for j in range(len(objs)) if j not in suspects] if suspects else keep
         if suspects:
             mask = pa.array([j not in suspects for j in range(len(objs))], pa.bool_())
             arrays = {k: v.filter(mask) for k, v in arrays.items()}
-        parts = [self._valid_batch(topic, partition, arrays, good_src)]
+        parts = [self._valid_batch(topic, partition, arrays, records, good_src)]
         if rescued:
             cols = {f.name: pa.array([r[f.name] for r in rescued], f.arrow_type) for f in self.fields}
-            parts.append(self._valid_batch(topic, partition, cols, rescued_src))
+            parts.append(self._valid_batch(topic, partition, cols, records, rescued_src))
         if self.max_future_skew_ms is not None:
             sources = [good_src, rescued_src]
             for k, part in enumerate(parts):
-                parts[k] = self._drop_future(topic, partition, part, sources[k], bad_rows)
+                parts[k] = self._drop_future(topic, partition, part, records, sources[k], bad_rows)
         if bad_rows:
             parts.append(pa.RecordBatch.from_pylist(bad_rows, schema=self.schema))
         if len(parts) == 1:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
+    def _parse_all(self, values: list[bytes | None]) -> tuple[Sequence[int], list[Any] | None]:
+        """(indexes, objects) when every value parses within the size limit: the common case, in one
+        C-level pass. Otherwise (range, None): the caller goes record by record."""
+        everything = range(len(values))
+        if not values or None in values:
+            return everything, None
+        present = cast("list[bytes]", values)
+        if min(map(len, present)) == 0 or max(map(len, present)) > self.max_event_bytes:
+            return everything, None
+        try:
+            return everything, list(map(orjson.loads, present))
+        except orjson.JSONDecodeError:
+            return everything, None
+
     def _valid_batch(
-        self, topic: str, partition: int, arrays: dict[str, pa.Array], records: Sequence[Any]
+        self, topic: str, partition: int, arrays: dict[str, pa.Array], records: RecordColumns, rows: Sequence[int]
     ) -> pa.RecordBatch:
-        n = len(records)
+        """The bronze rows of ``arrays``, which hold records ``rows`` of ``records`` (indexes)."""
+        n = len(rows)
+        whole = n == len(records.offsets)  # every record (rows is then 0..n-1)
+        offsets = records.offsets if whole else [records.offsets[i] for i in rows]
+        stamps = records.timestamps if whole else [records.timestamps[i] for i in rows]
         extra = {
             ROUTE_COLUMN: pa.array([self.table] * n, pa.string()),
             "kafka_topic": pa.array([topic] * n, pa.string()),
             "kafka_partition": pa.array([partition] * n, pa.int32()),
-            "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
-            "kafka_ts_ms": pa.array([r.timestamp for r in records], pa.int64()),
+            "kafka_offset": pa.array(offsets, pa.int64()),
+            "kafka_ts_ms": pa.array(stamps, pa.int64()),
             "event_date": self.event_dates(arrays["ts_ms"]),
         }
         columns = []
@@ -120,9 +139,11 @@ class BatchDecoder:
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def _drop_future(
-        self, topic: str, partition: int, batch: pa.RecordBatch, records: Sequence[Any], bad_rows: list[dict[str, Any]]
+        self, topic: str, partition: int, batch: pa.RecordBatch, records: RecordColumns, rows: Sequence[int],
+        bad_rows: list[dict[str, Any]],
     ) -> pa.RecordBatch:
-        """``batch`` without the rows stamped beyond the skew bound; those become quarantine rows."""
+        """``batch`` (records ``rows``) without the rows stamped beyond the skew bound; those become
+        quarantine rows."""
         skew_ms = self.max_future_skew_ms
         assert skew_ms is not None  # only called with a bound
         kafka_ts = batch.column("kafka_ts_ms")
@@ -130,10 +151,9 @@ class BatchDecoder:
         if not pc.any(ahead).as_py():
             return batch
         for i in pc.indices_nonzero(ahead).to_pylist():
-            rec = records[i]
             detail = (f"ts_ms {batch.column('ts_ms')[i].as_py()} is more than stream.max_future_skew_s "
-                      f"({skew_ms / 1000:g}s) ahead of its Kafka record's timestamp {rec.timestamp}")
-            bad_rows.append(self._quarantine_row(topic, partition, rec, Invalid(FUTURE, detail)))
+                      f"({skew_ms / 1000:g}s) ahead of its Kafka record's timestamp {records.timestamps[rows[i]]}")
+            bad_rows.append(self._quarantine_row(topic, partition, records, rows[i], Invalid(FUTURE, detail)))
         return batch.filter(pc.invert(ahead))
 
     def event_dates(self, ts_ms: pa.Array) -> pa.Array:
@@ -146,15 +166,15 @@ class BatchDecoder:
             )
         )
 
-    def _quarantine_row(self, topic: str, partition: int, rec: Any, exc: Invalid) -> dict[str, Any]:
+    def _quarantine_row(self, topic: str, partition: int, records: RecordColumns, i: int, exc: Invalid) -> dict[str, Any]:
         return {
             ROUTE_COLUMN: "quarantine",
             "source_topic": topic,
             "source_partition": partition,
-            "source_offset": rec.offset,
-            "kafka_ts_ms": rec.timestamp,
-            "raw_key": rec.key,
-            "raw_value": rec.value,
+            "source_offset": records.offsets[i],
+            "kafka_ts_ms": records.timestamps[i],
+            "raw_key": records.keys[i],
+            "raw_value": records.values[i],
             "event_kind": self.kind,
             "reason": exc.reason,
             "detail": exc.detail,

@@ -92,9 +92,10 @@ def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> l
         names = pc.dictionary_encode(names)
     shards_of = shard_of(names.dictionary, shards)  # per distinct broker, not per row
     shard = pa.array(shards_of[names.indices.to_numpy(zero_copy_only=False)].astype(str))
-    for (cluster, s), part in split_by(send_results.append_column("_shard", shard), ("cluster", "_shard")):
-        out.append((key_of(FAULTS, cluster, s), "send_results",
-                    encode_dictionary(part.select(list(columns)), FAULT_DICTIONARY)))
+    # encoded once for the whole fetch: every piece then shares the fetch's (small) dictionaries
+    slim = encode_dictionary(send_results.select(list(columns)), FAULT_DICTIONARY).append_column("_shard", shard)
+    for (cluster, s), part in split_by(slim, ("cluster", "_shard")):
+        out.append((key_of(FAULTS, cluster, s), "send_results", part.drop_columns(["_shard"])))
     return out
 
 
@@ -112,16 +113,14 @@ def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, p
     for name in sorted(tables):
         if name not in LAG_COLUMNS:
             continue
-        rows = tables[name].select(list(LAG_COLUMNS[name]))
+        rows = encode_dictionary(tables[name].select(list(LAG_COLUMNS[name])), LAG_DICTIONARY)
         if name == "send_results" or shards <= 1:
             for (cluster,), part in split_by(rows, ("cluster",)):
-                slim = encode_dictionary(part, LAG_DICTIONARY)
-                out += [(key_of(LAG, cluster, s), name, slim) for s in range(max(1, shards))]
+                out += [(key_of(LAG, cluster, s), name, part) for s in range(max(1, shards))]
             continue
         shard = pa.array(shard_of(rows.column("consumer_group"), shards).astype(str))
         for (cluster, s), part in split_by(rows.append_column("_shard", shard), ("cluster", "_shard")):
-            out.append((key_of(LAG, cluster, s), name, encode_dictionary(part.drop_columns(["_shard"]),
-                                                                          LAG_DICTIONARY)))
+            out.append((key_of(LAG, cluster, s), name, part.drop_columns(["_shard"])))
     return out
 
 

@@ -19,8 +19,9 @@ values, compression, control batches, log-append time and corrupt bytes.
 
 from __future__ import annotations
 
+import bisect
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import kafka.errors as Errors
@@ -98,99 +99,230 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
 
     def _unpack_v2(self, tp: Any, batch: DefaultRecordBatch) -> Iterator[Any]:
         """One v2 batch's records, as ``DefaultRecordBatch._read_msg`` and the fetcher would build them."""
-        batch._maybe_uncompress()
-        buf = bytes(batch._buffer)  # one copy, so every key and value below is a single slice
-        size = len(buf)
-        pos = batch._pos
-        header = batch._header_data
-        base, epoch, first_ts, max_ts, count = header[0], header[2], header[7], header[8], header[12]
-        ts_type = batch.timestamp_type
-        topic, partition = tp.topic, tp.partition
-        uvarint = _uvarint
-        try:
-            for _ in range(count):
-                record_start = pos
-                # Each field is a zigzag varint of one or two bytes as a rule, read here without a call.
-                # The repeated blocks are deliberate: with a call per two-byte varint, unpacking took
-                # 2.8-3.3 us per record against 2.4-2.9 us (1 KB JSON values, 1,000 per batch).
-                v = buf[pos]
-                if v < 0x80:
-                    pos += 1
-                elif buf[pos + 1] < 0x80:
-                    v = (v & 0x7F) | (buf[pos + 1] << 7)
-                    pos += 2
-                else:
-                    v, pos = uvarint(buf, pos)
-                length = (v >> 1) ^ -(v & 1)
-                payload_start, end = pos, pos + length
-                if end > size:
-                    raise Errors.CorruptRecordError(f"record at byte {record_start} runs past its batch")
-                pos += 1  # attributes: unused
-                v = buf[pos]
-                if v < 0x80:
-                    pos += 1
-                elif buf[pos + 1] < 0x80:
-                    v = (v & 0x7F) | (buf[pos + 1] << 7)
-                    pos += 2
-                else:
-                    v, pos = uvarint(buf, pos)
-                timestamp = max_ts if ts_type else first_ts + ((v >> 1) ^ -(v & 1))
-                v = buf[pos]
-                if v < 0x80:
-                    pos += 1
-                elif buf[pos + 1] < 0x80:
-                    v = (v & 0x7F) | (buf[pos + 1] << 7)
-                    pos += 2
-                else:
-                    v, pos = uvarint(buf, pos)
-                offset = base + ((v >> 1) ^ -(v & 1))
-                v = buf[pos]
-                if v < 0x80:
-                    pos += 1
-                else:
-                    v, pos = uvarint(buf, pos)
-                key_size = (v >> 1) ^ -(v & 1)
-                if key_size >= 0:
-                    key = buf[pos : pos + key_size]
-                    pos += key_size
-                else:
-                    key = None
-                v = buf[pos]
-                if v < 0x80:
-                    pos += 1
-                elif buf[pos + 1] < 0x80:
-                    v = (v & 0x7F) | (buf[pos + 1] << 7)
-                    pos += 2
-                else:
-                    v, pos = uvarint(buf, pos)
-                value_size = (v >> 1) ^ -(v & 1)
-                if value_size >= 0:
-                    value = buf[pos : pos + value_size]
-                    pos += value_size
-                else:
-                    value = None
-                if buf[pos] == 0:  # no headers: the common case
-                    pos += 1
-                    headers: list[tuple[str, bytes | None]] = []
-                    header_size = -1
-                else:
-                    headers, header_size, pos = _headers(buf, pos)
-                if pos != end:
-                    raise Errors.CorruptRecordError(
-                        f"Invalid record size: expected to read {length} bytes in record payload, "
-                        f"but instead read {pos - payload_start}"
-                    )
-                self.records_read += 1
-                self.bytes_read += length
-                self.next_fetch_offset = offset + 1
-                yield _new(ConsumerRecord, (
-                    topic, partition, epoch, offset, timestamp, ts_type, key, value, headers, None,
-                    key_size if key is not None else -1, value_size if value is not None else -1, header_size,
-                ))
-        except (ValueError, IndexError) as exc:  # e.g. bytes missing, a header key that is not UTF-8
-            raise Errors.CorruptRecordError(f"Found invalid record structure: {exc!r}") from None
-        if pos != size:
-            raise Errors.CorruptRecordError(f"{size - pos} unconsumed bytes after all records consumed")
+        cols, error = unpack_v2(batch)
+        topic, partition, epoch, ts_type = tp.topic, tp.partition, batch._header_data[2], batch.timestamp_type
+        no_headers: list[tuple[str, bytes | None]] = []
+        for offset, timestamp, key, value, headers, size in zip(
+            cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers, cols.sizes
+        ):
+            self.records_read += 1
+            self.bytes_read += size
+            self.next_fetch_offset = offset + 1
+            yield _new(ConsumerRecord, (
+                topic, partition, epoch, offset, timestamp, ts_type, key, value,
+                no_headers if headers is None else headers[0], None,
+                len(key) if key is not None else -1, len(value) if value is not None else -1,
+                -1 if headers is None else headers[1],
+            ))
+        if error is not None:
+            raise error
+
+
+class RecordColumns:
+    """The records of one v2 batch as parallel lists (what :class:`ColumnarPartitionRecords` yields).
+
+    ``headers`` holds None for a record without headers, else (list of (key, value), their size);
+    ``sizes`` each record's size in bytes. ``offset`` is the first offset: kafka-python's fetcher
+    reads it to skip records before its fetch offset, which the columns never hold.
+    """
+
+    __slots__ = ("headers", "keys", "offsets", "sizes", "timestamps", "values")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[tuple[list[tuple[str, bytes | None]], int] | None] = []
+        self.sizes: list[int] = []
+
+    @property
+    def offset(self) -> int:
+        return self.offsets[0]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def from_offset(self, first: int) -> RecordColumns:
+        """These columns without the records before offset ``first``."""
+        if not self.offsets or self.offsets[0] >= first:
+            return self
+        return self._sliced(bisect.bisect_left(self.offsets, first), len(self.offsets))
+
+    def before(self, end: int) -> RecordColumns:
+        """These columns without the records at or after offset ``end``."""
+        if not self.offsets or self.offsets[-1] < end:
+            return self
+        return self._sliced(0, bisect.bisect_left(self.offsets, end))
+
+    def _sliced(self, lo: int, hi: int) -> RecordColumns:
+        out = RecordColumns()
+        for name in RecordColumns.__slots__:
+            setattr(out, name, getattr(self, name)[lo:hi])
+        return out
+
+    @classmethod
+    def joined(cls, parts: list[RecordColumns]) -> RecordColumns:
+        """One set of columns holding ``parts`` one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        for name in cls.__slots__:
+            column = getattr(out, name)
+            for part in parts:
+                column.extend(getattr(part, name))
+        return out
+
+    @classmethod
+    def of(cls, records: Iterable[Any]) -> RecordColumns:
+        """Columns of records that have ``offset``, ``timestamp``, ``key`` and ``value`` (tests, tools)."""
+        out = cls()
+        for r in records:
+            out.offsets.append(r.offset)
+            out.timestamps.append(r.timestamp)
+            out.keys.append(r.key)
+            out.values.append(r.value)
+            out.headers.append(None)
+            out.sizes.append(0)
+        return out
+
+
+def unpack_v2(batch: DefaultRecordBatch) -> tuple[RecordColumns, Exception | None]:
+    """A v2 batch's records as columns, and the error that stopped the unpacking (None: all read).
+
+    The records before a corrupt one are kept, so a caller can hand them out before raising, as
+    kafka-python does.
+    """
+    cols = RecordColumns()
+    offsets, timestamps, keys, values, all_headers, sizes = (
+        cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers, cols.sizes)
+    batch._maybe_uncompress()
+    buf = bytes(batch._buffer)  # one copy, so every key and value below is a single slice
+    size = len(buf)
+    pos = batch._pos
+    header = batch._header_data
+    base, first_ts, max_ts, count = header[0], header[7], header[8], header[12]
+    log_append = batch.timestamp_type
+    uvarint = _uvarint
+    try:
+        for _ in range(count):
+            record_start = pos
+            # Each field is a zigzag varint of one or two bytes as a rule, read here without a call.
+            # The repeated blocks are deliberate: with a call per two-byte varint, unpacking took
+            # 2.8-3.3 us per record against 2.4-2.9 us (1 KB JSON values, 1,000 per batch).
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v, pos = uvarint(buf, pos)
+            length = (v >> 1) ^ -(v & 1)
+            payload_start, end = pos, pos + length
+            if end > size:
+                raise Errors.CorruptRecordError(f"record at byte {record_start} runs past its batch")
+            pos += 1  # attributes: unused
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v, pos = uvarint(buf, pos)
+            timestamp = max_ts if log_append else first_ts + ((v >> 1) ^ -(v & 1))
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v, pos = uvarint(buf, pos)
+            offset = base + ((v >> 1) ^ -(v & 1))
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v, pos = uvarint(buf, pos)
+            key_size = (v >> 1) ^ -(v & 1)
+            if key_size >= 0:
+                key = buf[pos : pos + key_size]
+                pos += key_size
+            else:
+                key = None
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+            else:
+                v, pos = uvarint(buf, pos)
+            value_size = (v >> 1) ^ -(v & 1)
+            if value_size >= 0:
+                value = buf[pos : pos + value_size]
+                pos += value_size
+            else:
+                value = None
+            if buf[pos] == 0:  # no headers: the common case
+                pos += 1
+                headers = None
+            else:
+                found, header_size, pos = _headers(buf, pos)
+                headers = (found, header_size)
+            if pos != end:
+                raise Errors.CorruptRecordError(
+                    f"Invalid record size: expected to read {length} bytes in record payload, "
+                    f"but instead read {pos - payload_start}"
+                )
+            offsets.append(offset)
+            timestamps.append(timestamp)
+            keys.append(key)
+            values.append(value)
+            all_headers.append(headers)
+            sizes.append(length)
+    except (ValueError, IndexError) as exc:  # e.g. bytes missing, a header key that is not UTF-8
+        return cols, Errors.CorruptRecordError(f"Found invalid record structure: {exc!r}")
+    except Errors.CorruptRecordError as exc:
+        return cols, exc
+    if pos != size:
+        return cols, Errors.CorruptRecordError(f"{size - pos} unconsumed bytes after all records consumed")
+    return cols, None
+
+
+class ColumnarPartitionRecords(FastPartitionRecords):
+    """Yields one :class:`RecordColumns` per v2 batch instead of a ``ConsumerRecord`` per record: a
+    poll's ``max_records`` then counts batches. For readers that want columns (the Kafka source's
+    tasks); legacy and control batches are handled as by :class:`FastPartitionRecords`, the legacy
+    records as one-record columns."""
+
+    def _unpack_legacy(self, tp: Any, batch: Any) -> Iterator[Any]:
+        for record in super()._unpack_legacy(tp, batch):
+            cols = RecordColumns()
+            cols.offsets.append(record.offset)
+            cols.timestamps.append(record.timestamp)
+            cols.keys.append(record.key)
+            cols.values.append(record.value)
+            cols.headers.append((record.headers, record.serialized_header_size) if record.headers else None)
+            cols.sizes.append(0)
+            yield cols
+
+    def _unpack_v2(self, tp: Any, batch: DefaultRecordBatch) -> Iterator[Any]:
+        cols, error = unpack_v2(batch)
+        if cols.offsets:
+            self.records_read += len(cols.offsets)  # counted before the skip, as kafka-python counts
+            self.bytes_read += sum(cols.sizes)
+            self.next_fetch_offset = cols.offsets[-1] + 1
+            cols = cols.from_offset(self.fetch_offset)
+            if cols.offsets:
+                yield cols
+        if error is not None:
+            raise error
 
 
 def _headers(buf: bytes, pos: int) -> tuple[list[tuple[str, bytes | None]], int, int]:
@@ -220,9 +352,10 @@ def _headers(buf: bytes, pos: int) -> tuple[list[tuple[str, bytes | None]], int,
     return headers, (size if headers else -1), pos
 
 
-def install(consumer: Any) -> bool:
-    """Unpack ``consumer``'s fetched v2 batches with :class:`FastPartitionRecords`; False if kafka-python's
-    internals are not the expected ones (the consumer is then left as it was)."""
+def install(consumer: Any, columns: bool = False) -> bool:
+    """Unpack ``consumer``'s fetched v2 batches with :class:`FastPartitionRecords` (with ``columns``,
+    :class:`ColumnarPartitionRecords`: its polls return :class:`RecordColumns`); False if
+    kafka-python's internals are not the expected ones (the consumer is then left as it was)."""
     fetcher = getattr(consumer, "_fetcher", None)
     stock = getattr(Fetcher, "PartitionRecords", None)
     if fetcher is None or stock is None or not hasattr(stock, "_unpack_records") or not all(
@@ -230,5 +363,5 @@ def install(consumer: Any) -> bool:
     ):
         log.warning("kafka-python internals changed: fetched records are unpacked by kafka-python itself (slower)")
         return False
-    fetcher.PartitionRecords = FastPartitionRecords
+    fetcher.PartitionRecords = ColumnarPartitionRecords if columns else FastPartitionRecords
     return True

@@ -582,10 +582,12 @@ def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
 _CONSUMERS: dict[str, Any] = {}
 
 
-def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[list[Any]]:
-    """Yield lists of records with offsets in [start, end); fail loudly if Kafka stops answering."""
+def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[Any]:
+    """Yield the records with offsets in [start, end) as :class:`~streaming.kafka_records.RecordColumns`,
+    one per poll; fail loudly if Kafka stops answering."""
     from kafka import TopicPartition
 
+    from streaming.kafka_records import RecordColumns
     from streaming.kafka_records import install as install_fast_records
 
     cache_key = options.get(SECRET_OPTION, "")
@@ -597,7 +599,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
             max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_wait_ms=100,
         )
-        install_fast_records(consumer)
+        install_fast_records(consumer, columns=True)  # if it cannot, polls return ConsumerRecords
         _CONSUMERS[cache_key] = consumer
     tp = TopicPartition(part.topic, part.partition)
     consumer.assign([tp])
@@ -606,11 +608,14 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     last_progress = time.monotonic()
     position = part.start
     while position < part.end:
-        polled = consumer.poll(timeout_ms=500, max_records=50_000).get(tp, [])
-        batch = [r for r in polled if r.offset < part.end]
+        polled = consumer.poll(timeout_ms=500, max_records=1_000).get(tp, [])  # record batches, as a rule
         if polled:
-            position = polled[-1].offset + 1
+            cols = RecordColumns.joined(polled) if isinstance(polled[0], RecordColumns) else RecordColumns.of(polled)
+            position = cols.offsets[-1] + 1
             last_progress = time.monotonic()
+            cols = cols.before(part.end)
+            if len(cols):
+                yield cols
         else:
             position = max(position, consumer.position(tp))
             if time.monotonic() - last_progress > stall_limit:
@@ -618,8 +623,6 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
                     f"Kafka stopped answering while reading {part.topic}/{part.partition} "
                     f"offsets [{part.start}, {part.end}) at {position}; the batch will be retried"
                 )
-        if batch:
-            yield batch
 
 
 def read_events(

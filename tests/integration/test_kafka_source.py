@@ -210,11 +210,11 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
 
 
 def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(kafka) -> None:  # type: ignore[no-untyped-def]
-    """_fetch_range's consumer unpacks batches with streaming.kafka_records; over the real broker it
+    """_fetch_range's consumer unpacks batches into columns (streaming.kafka_records); over the real broker it
     yields exactly the records a stock kafka-python consumer yields (keys, values, headers, times)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from streaming.kafka_records import FastPartitionRecords
+    from streaming.kafka_records import ColumnarPartitionRecords, RecordColumns
     from streaming.kafka_source import _fetch_range
 
     create_topics(kafka.bootstrap, ["src.fast"], 1)
@@ -238,11 +238,13 @@ def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(
     stock.close()
 
     r = reader(kafka, "src.fast")
-    got = [rec for chunk in _fetch_range(r.options, TopicPartitionRange("src.fast", 0, "send_result", 0, 800)) for rec in chunk]
+    got = RecordColumns.joined(list(_fetch_range(r.options, TopicPartitionRange("src.fast", 0, "send_result", 0, 800))))
     consumer = _CONSUMERS[r.options[SECRET_OPTION]]
     try:
-        assert consumer._fetcher.PartitionRecords is FastPartitionRecords
-        assert got == expected
-        assert [rec.offset for rec in got] == list(range(800))
+        assert consumer._fetcher.PartitionRecords is ColumnarPartitionRecords
+        assert list(zip(got.offsets, got.timestamps, got.keys, got.values)) == [
+            (rec.offset, rec.timestamp, rec.key, rec.value) for rec in expected]
+        assert [[] if h is None else h[0] for h in got.headers] == [rec.headers for rec in expected]
+        assert got.offsets == list(range(800))
     finally:
         _CONSUMERS.pop(r.options[SECRET_OPTION]).close()

@@ -16,7 +16,7 @@ from kafka.record._crc32c import crc as crc32c
 from kafka.record.memory_records import MemoryRecordsBuilder
 from kafka.structs import TopicPartition
 
-from streaming.kafka_records import FastPartitionRecords, install
+from streaming.kafka_records import ColumnarPartitionRecords, FastPartitionRecords, RecordColumns, install
 
 TP = TopicPartition("t", 3)
 TS = 1_767_225_600_000
@@ -64,6 +64,16 @@ def _same(data: bytes, fetch_offset: int = 0, step: int | None = None, **kw) -> 
     fast = _take_all(FastPartitionRecords, data, fetch_offset, step, **kw)
     assert fast == stock
     assert [type(r) for r in fast[0]] == [type(r) for r in stock[0]]
+    # The columnar form: the same records as columns (its takes count record batches, not records),
+    # the same final position and counters.
+    batches, positions, counters = _take_all(ColumnarPartitionRecords, data, fetch_offset, step, **kw)
+    cols = RecordColumns.joined(batches) if batches else RecordColumns()
+    assert all(type(b) is RecordColumns and len(b) for b in batches)
+    assert (positions[-1], counters) == (stock[1][-1], stock[2])
+    assert list(zip(cols.offsets, cols.timestamps, cols.keys, cols.values)) == [
+        (r.offset, r.timestamp, r.key, r.value) for r in stock[0]]
+    assert [([], -1) if h is None else h for h in cols.headers] == [
+        (r.headers, r.serialized_header_size if r.headers else -1) for r in stock[0]]
     return stock[0]
 
 
@@ -115,14 +125,14 @@ def test_corrupt_input_fails_like_kafka_python():
     good = _batch(n=20)
     flipped = bytearray(good)
     flipped[-10] ^= 0xFF  # a payload byte: the batch CRC no longer matches
-    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords, ColumnarPartitionRecords):
         with pytest.raises(CorruptRecordError, match="crc"):
             cls(0, TP, MemoryRecords(bytes(flipped))).take()
     # The CRC right but a record's length wrong: both reject the structure.
     bad = bytearray(good)
     bad[61] += 2  # the first record's length varint (the header is 61 bytes): one byte longer
     struct.pack_into(">I", bad, 17, crc32c(bytes(bad[ATTRIBUTES_AT:])))
-    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords, ColumnarPartitionRecords):
         with pytest.raises(CorruptRecordError):
             cls(0, TP, MemoryRecords(bytes(bad))).take()
 
@@ -132,7 +142,7 @@ def test_a_header_key_that_is_not_utf8_is_a_corrupt_record_for_both():
     at = bytes(data).index(b"hk")
     data[at] = 0xFF  # the key's first byte: no longer UTF-8
     struct.pack_into(">I", data, 17, crc32c(bytes(data[ATTRIBUTES_AT:])))
-    for cls in (Fetcher.PartitionRecords, FastPartitionRecords):
+    for cls in (Fetcher.PartitionRecords, FastPartitionRecords, ColumnarPartitionRecords):
         with pytest.raises(CorruptRecordError, match="invalid record structure"):
             cls(0, TP, MemoryRecords(bytes(data))).take()
 
@@ -145,3 +155,11 @@ def test_a_truncated_last_batch_is_left_for_the_next_fetch():
 
 def test_install_leaves_an_object_without_a_fetcher_alone():
     assert install(object()) is False
+
+
+def test_columns_cut_at_offsets_and_join():
+    cols = RecordColumns.joined(_take_all(ColumnarPartitionRecords, _batch(n=10) + _batch(start=10, n=5), 0)[0])
+    assert cols.offsets == list(range(15))
+    assert cols.before(12).offsets == list(range(12)) and cols.before(99) is cols
+    assert cols.from_offset(3).offsets == list(range(3, 15)) and cols.from_offset(0) is cols
+    assert cols.before(12).values == cols.values[:12] and len(cols.from_offset(14)) == 1

@@ -112,12 +112,13 @@ def test_decoder_quarantines_what_check_record_rejects() -> None:
     from collections import namedtuple
 
     from streaming.decode import BatchDecoder
+    from streaming.kafka_records import RecordColumns
     from streaming.kafka_source import output_tables
 
     rec = namedtuple("rec", "key value offset timestamp")
     values = [GOOD.to_json(), mutate(queue_id=2**40), mutate(latency_ms=-1), b"{", mutate(status="X")]
     batch = BatchDecoder("send_result", output_tables(["send_result"]), 65_536).decode(
-        "t", 0, [rec(None, v, i, 1) for i, v in enumerate(values)]
+        "t", 0, RecordColumns.of(rec(None, v, i, 1) for i, v in enumerate(values))
     )
     rows = batch.to_pylist()
     assert [r["_table"] for r in rows].count("send_results") == 1
@@ -133,6 +134,7 @@ def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() ->
     from collections import namedtuple
 
     from streaming.decode import FUTURE, BatchDecoder
+    from streaming.kafka_records import RecordColumns
     from streaming.kafka_source import output_tables
 
     rec = namedtuple("rec", "key value offset timestamp")
@@ -141,7 +143,7 @@ def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() ->
               mutate(ts_ms=kafka_ts + 301_000), mutate(ts_ms=kafka_ts + 10**9)]
     stamps = [kafka_ts, kafka_ts, kafka_ts, kafka_ts, -1]  # -1: a record without a timestamp is not judged
     decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536, max_future_skew_ms=300_000)
-    rows = decoder.decode("t", 0, [rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))]).to_pylist()
+    rows = decoder.decode("t", 0, RecordColumns.of(rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps)))).to_pylist()
     kept = sorted(r["kafka_offset"] for r in rows if r["_table"] == "send_results")
     quarantined = sorted((r["source_offset"], r["reason"]) for r in rows if r["_table"] == "quarantine")
     assert kept == [0, 2, 4]
@@ -149,5 +151,5 @@ def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() ->
     detail = next(r["detail"] for r in rows if r["_table"] == "quarantine")
     assert "stream.max_future_skew_s" in detail and str(kafka_ts) in detail
     unjudged = BatchDecoder("send_result", output_tables(["send_result"]), 65_536).decode(
-        "t", 0, [rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))])
+        "t", 0, RecordColumns.of(rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))))
     assert unjudged.num_rows == 5 and set(unjudged.column("_table").to_pylist()) == {"send_results"}
