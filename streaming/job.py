@@ -80,12 +80,13 @@ START_RETRIES = 3
 def warm_python_workers(spark: SparkSession) -> threading.Thread:
     """Start the executors' Python workers in the background, one per core, with a tiny job.
 
-    Meant for the moment the queries start. Before their first tasks can run, Spark starts, one
-    after another, the source's Python runner, asks Kafka for offsets, plans the read in another
-    Python process, and only then starts the executors' worker daemon and its workers (~1.3 s on
-    this 2-core machine, with one core idle meanwhile). This job does that last step during the
-    rest; the query's tasks then get the idle workers (Spark keeps them for reuse); the first
-    micro-batch comes ~1.3-2 s sooner (docs/performance.md).
+    Meant for the moment the session exists. Before a query's first tasks can run, Spark looks up
+    and creates the data source, starts the source's Python runner, asks Kafka for offsets, plans
+    the read in another Python process, and only then starts the executors' worker daemon and its
+    workers (~1.3 s on this 2-core machine). This job does that last step meanwhile; the query's
+    tasks then get the idle workers (Spark keeps them for reuse). Started once the queries had
+    started, it competed with the read planning for the cores, and the first micro-batch waited
+    for both (docs/performance.md).
     """
 
     def run() -> None:
@@ -237,6 +238,7 @@ def run_stream(
     concerns = resolve_concerns(concerns)
     print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
     spark = spark or spark_session(cfg)
+    warm_python_workers(spark)  # before the queries are built: the workers start while Spark plans
     writers = build_queries(spark, cfg, concerns)
     queries: dict[str, StreamingQuery] = {}
     progress = {name: Progress(checkpoint=checkpoint_dir(cfg, name)) for name in writers}
@@ -250,7 +252,6 @@ def run_stream(
     try:
         for name, writer in writers.items():
             queries[name] = start_query(spark, name, writer, **trigger)
-        warm_python_workers(spark)
         print(f"started: {', '.join(queries)} ({'until caught up' if once else 'until stopped'})", file=out)
         deadline = None if duration_s is None else time.monotonic() + duration_s
         retries = {name: 0 for name in queries}
