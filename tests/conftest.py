@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +59,3 @@ def unique_topics(cfg: Config, kafka, tag: str) -> Config:  # type: ignore[no-un
     for name, topic in topics.items():
         out = out.replace(**{f"topics__{name}": topic})
     return out
-
-
-os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+
 import pytest
 
-from streaming.session import is_local_path
+from streaming.session import is_local_path, worker_python
 
 
 @pytest.mark.parametrize(("path", "local"), [
@@ -13,3 +17,52 @@ from streaming.session import is_local_path
 ])
 def test_only_local_checkpoint_roots_get_the_fork_free_checkpoint_manager(path: str, local: bool) -> None:
     assert is_local_path(path) is local
+
+
+def test_sparks_python_processes_import_pyspark_compiled_not_from_its_zip(spark) -> None:  # type: ignore[no-untyped-def]
+    """The session's workers start through worker_python's wrapper: pyspark comes from site-packages
+    and neither bundled zip is on sys.path (each import from them compiled pyspark again)."""
+    import os
+
+    def where(batches):  # type: ignore[no-untyped-def]
+        import sys
+
+        import pyarrow as pa
+        import pyspark
+
+        for _ in batches:
+            zips = [p for p in sys.path if p.endswith(("pyspark.zip", "-src.zip"))]
+            yield pa.RecordBatch.from_pydict({"file": [pyspark.__file__], "zips": [",".join(zips)]})
+
+    rows = spark.range(2, numPartitions=2).mapInArrow(where, "file string, zips string").collect()
+    assert os.environ["PYSPARK_PYTHON"].startswith(os.path.join(tempfile.gettempdir(), "faultwatch-python-"))
+    assert len(rows) == 2
+    for row in rows:
+        assert ".zip" not in row.file and row.file.endswith(os.path.join("pyspark", "__init__.py"))
+        assert row.zips == ""
+
+
+def test_the_wrapper_drops_only_pysparks_zips_from_pythonpath() -> None:
+    import os
+
+    import pyspark
+
+    wrapper = worker_python("local[2]")
+    assert wrapper != sys.executable
+    lib = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "python", "lib")
+    keep = ["/opt/a b/x", "/data/*", "/elsewhere/pyspark.zip.d"]
+    path = [os.path.join(lib, "pyspark.zip"), keep[0], os.path.join(lib, "py4j-0.10.9.9-src.zip"), *keep[1:]]
+    out = subprocess.run([wrapper, "-c", "import os, sys; print(os.environ['PYTHONPATH']); print(sys.executable)"],
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(path)}, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == [os.pathsep.join(keep), sys.executable]
+
+
+@pytest.mark.parametrize("master, spark_home", [("spark://host:7077", None), ("local[2]", "/opt/spark-4.3.0")])
+def test_executors_elsewhere_or_another_spark_keep_this_interpreter(monkeypatch, master, spark_home) -> None:  # type: ignore[no-untyped-def]
+    """The wrapper exists on this machine only, and another Spark's zips may hold another pyspark."""
+    if spark_home is None:
+        monkeypatch.delenv("SPARK_HOME", raising=False)
+    else:
+        monkeypatch.setenv("SPARK_HOME", spark_home)
+    assert worker_python(master) == sys.executable
