@@ -52,8 +52,9 @@ class BatchDecoder:
     def decode(self, topic: str, partition: int, records: RecordColumns) -> pa.RecordBatch:
         """Decode ``records``; the valid ones become the kind's bronze rows, the rest quarantine rows.
 
-        Parsing is per record (orjson); validation runs column-wise (:mod:`schemas.columnar`) and
-        only suspect records go through the per-record check, which names the reason.
+        Parsing takes one pass (orjson) when every value parses, else goes record by record;
+        validation runs column-wise (:mod:`schemas.columnar`) and only suspect records go through
+        the per-record check, which names the reason.
         """
         values = records.values
         bad_rows: list[dict[str, Any]] = []

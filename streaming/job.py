@@ -75,6 +75,7 @@ WARM_JOB_GROUP = "faultwatch-warm-workers"
 # imports can take longer. The query is then restarted from its checkpoint, up to this many times.
 TRANSIENT = "Python worker failed to connect back"
 START_RETRIES = 3
+WARM_JOIN_S = 60.0
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:
@@ -238,7 +239,7 @@ def run_stream(
     concerns = resolve_concerns(concerns)
     print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
     spark = spark or spark_session(cfg)
-    warm_python_workers(spark)  # before the queries are built: the workers start while Spark plans
+    warm = warm_python_workers(spark)  # before the queries are built: the workers start while Spark plans
     writers = build_queries(spark, cfg, concerns)
     queries: dict[str, StreamingQuery] = {}
     progress = {name: Progress(checkpoint=checkpoint_dir(cfg, name)) for name in writers}
@@ -269,6 +270,9 @@ def run_stream(
         for q in queries.values():
             if q.isActive:
                 q.stop()
+        # A run with nothing to read can end first; a session stopped under the warm-up job's
+        # tasks logs accumulator errors for them. The job takes seconds.
+        warm.join(timeout=WARM_JOIN_S)
         for name, q in queries.items():
             report_batches(name, q, progress[name], out)
         for s, handler in previous.items():
