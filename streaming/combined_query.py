@@ -1,24 +1,21 @@
 """The combined query: bronze, the fault state and the lag state from ONE Kafka read.
 
-The reader tasks decode each fetch once, write the bronze Parquet files themselves and cut the
-events into keyed chunks (:mod:`streaming.feeds`): the fault state's send results per (cluster,
-shard of its brokers), the lag state's events per (cluster, shard of its groups). One
-``applyInPandasWithState`` operator, keyed by those strings, runs the pure steps
-(:func:`pipeline.faults.step`, :func:`pipeline.lag.step`) for many keys on every shuffle partition
-at once; its output chunks and the readers' file lists meet in one sink that commits every table
-exactly once. The episode rules compare a broker with its peers: each fault key writes the grid
-points of its brokers and the sink decides per cluster on them (:mod:`streaming.decisions`). A
-second stateful stage per cluster is not an option: Spark 4.3 refuses two
-``applyInPandasWithState`` in one query, with ``statefulOperator.allowMultiple`` too (checked), and
-an aggregation after one needs a watermark on its output.
+The reader tasks decode each fetch once, write the bronze Parquet files and cut the events into
+keyed chunks (:mod:`streaming.feeds`): send results per (cluster, shard of its brokers) for the
+fault state, events per (cluster, shard of its groups) for the lag state. One
+``applyInPandasWithState`` operator runs the pure steps for many keys on every shuffle partition;
+its output chunks and the readers' file lists meet in one sink that commits every table exactly
+once. The episode rules compare a broker with its peers, so each fault key writes its brokers'
+grid points and the sink decides per cluster (:mod:`streaming.decisions`): Spark 4.3 refuses a
+second ``applyInPandasWithState`` in one query (``statefulOperator.allowMultiple`` too), and an
+aggregation after one needs a watermark on its output.
 
-Event time comes from the source, not from Spark's max-event-time watermark: each micro-batch's
-offsets carry its settle point (:func:`streaming.kafka_source.settle_point`), which follows the
-slowest partition still being read, so a backlog cut into batches makes no on-time event late.
-The chunks carry it as a column, which is also the operator's event-time column, so Spark's
-watermark in a batch is the previous batch's settle point: events at or before it are late. A key
-that gets no events is called once the watermark reaches the time it asked for (an event-time
-timeout), and settles up to the watermark then.
+Event time comes from the source: each micro-batch's offsets carry its settle point
+(:func:`streaming.kafka_source.settle_point`), which follows the slowest partition still being
+read, so cutting a backlog into batches makes no on-time event late. The chunks carry it as the
+operator's event-time column, so the watermark in a batch is the previous batch's settle point.
+A key without events is called once the watermark reaches the time it asked for (an event-time
+timeout) and settles up to the watermark then.
 """
 
 from __future__ import annotations

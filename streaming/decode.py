@@ -58,15 +58,19 @@ class BatchDecoder:
         """
         values = records.values
         bad_rows: list[dict[str, Any]] = []
-        keep, objs = self._parse_all(values)
-        if objs is None:
-            keep, objs = [], []
+        parsed = self._parse_all(values)
+        keep: Sequence[int] = range(len(values))  # which record each parsed object came from
+        if parsed is not None:
+            objs = parsed
+        else:
+            kept: list[int] = []
+            objs = []
             limit = self.max_event_bytes
             for i, value in enumerate(values):
                 if value is not None and 0 < len(value) <= limit:
                     try:
                         objs.append(orjson.loads(value))
-                        keep.append(i)
+                        kept.append(i)
                         continue
                     except orjson.JSONDecodeError:
                         pass
@@ -74,6 +78,7 @@ class BatchDecoder:
                     decode_event(self.kind, value, limit)
                 except Invalid as exc:
                     bad_rows.append(self._quarantine_row(topic, partition, records, i, exc))
+            keep = kept
         arrays, suspects = validate_columns(self.fields, objs)
         rescued: list[dict[str, Any]] = []
         rescued_src: list[int] = []
@@ -101,19 +106,18 @@ class BatchDecoder:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
-    def _parse_all(self, values: list[bytes | None]) -> tuple[Sequence[int], list[Any] | None]:
-        """(indexes, objects) when every value parses within the size limit: the common case, in one
-        C-level pass. Otherwise (range, None): the caller goes record by record."""
-        everything = range(len(values))
+    def _parse_all(self, values: list[bytes | None]) -> list[Any] | None:
+        """Every value parsed, in one C-level pass: the common case. None if a value is missing, out
+        of the size limit or not JSON: the caller then goes record by record."""
         if not values or None in values:
-            return everything, None
+            return None
         present = cast("list[bytes]", values)
         if min(map(len, present)) == 0 or max(map(len, present)) > self.max_event_bytes:
-            return everything, None
+            return None
         try:
-            return everything, list(map(orjson.loads, present))
+            return list(map(orjson.loads, present))
         except orjson.JSONDecodeError:
-            return everything, None
+            return None
 
     def _valid_batch(
         self, topic: str, partition: int, arrays: dict[str, pa.Array], records: RecordColumns, rows: Sequence[int]

@@ -69,13 +69,13 @@ def worker_python(master: str) -> str:
 
     package = os.path.dirname(os.path.abspath(pyspark.__file__))
     home = os.environ.get("SPARK_HOME")
-    zips = os.path.join(package, "python", "lib")
+    lib = os.path.join(package, "python", "lib")  # where Spark's PYTHONPATH points
     if not master.startswith("local") or (home and os.path.realpath(home) != os.path.realpath(package)) or (
-        not os.path.isfile(os.path.join(zips, "pyspark.zip")) or not os.path.exists("/bin/sh")
+        not os.path.isfile(os.path.join(lib, "pyspark.zip")) or not os.path.exists("/bin/sh")
     ):
         return sys.executable  # an executor elsewhere, or another Spark: its zips are the code to run
-    patterns = "|".join(f"{shlex.quote(os.path.join(lib, 'pyspark.zip'))}|{shlex.quote(os.path.join(lib, 'py4j-'))}*-src.zip"
-                        for lib in dict.fromkeys([zips, os.path.realpath(zips)]))  # as given, and as the JVM may see it
+    patterns = "|".join(f"{shlex.quote(os.path.join(d, 'pyspark.zip'))}|{shlex.quote(os.path.join(d, 'py4j-'))}*-src.zip"
+                        for d in dict.fromkeys([lib, os.path.realpath(lib)]))  # as given, and as the JVM may see it
     text = _WRAPPER.format(python=shlex.quote(sys.executable), zips=patterns)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = os.path.join(tempfile.gettempdir(), f"faultwatch-python-{os.getuid()}-{digest}")
