@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 DEFAULT_DRIVER_MEMORY = "1g"
-DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"  # C1 only: see spark_session
+DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # C1 only, serial GC: see spark_session
 # Spark writes a few small checkpoint files per micro-batch (offsets, commits, a state delta per
 # shuffle partition). Its default manager for local paths goes through Hadoop's FileContext,
 # whose local file system forks ``chmod`` and ``readlink`` processes for every file without
@@ -146,9 +146,10 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # The JVM only moves Arrow chunks between Python processes; its default heap (a quarter of
         # the machine's memory) just lets garbage pile up. [spark.conf] may raise it.
         .config("spark.driver.memory", DEFAULT_DRIVER_MEMORY)
-        # For the same reason the JVM's optimising JIT (C2) is not worth its CPU: on 2 cores its
-        # compiler threads compete with the Python workers. Without it, bench/ingest.py's first
-        # micro-batch took ~2 s less (11 s, not 13-15 s) and the later ones 5-10% less.
+        # For the same reason the JVM's optimising JIT (C2) and its concurrent collector (G1) are not
+        # worth their CPU: their threads compete with the Python workers for the cores, and a small
+        # heap of short-lived garbage is collected as cheaply by the serial collector
+        # (docs/performance.md).
         .config("spark.driver.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
         .config("spark.executor.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
     )
