@@ -87,7 +87,9 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     workers (~1.3 s on this 2-core machine). This job does that last step meanwhile; the query's
     tasks then get the idle workers (Spark keeps them for reuse). Started once the queries had
     started, it competed with the read planning for the cores, and the first micro-batch waited
-    for both (docs/performance.md).
+    for both (docs/performance.md). It then reads a source of no rows
+    (:class:`streaming.kafka_source.PlannerWarmup`), which starts the read planner's Python
+    process with the Kafka source's modules loaded; the first micro-batch reuses it.
     """
 
     def run() -> None:
@@ -95,6 +97,10 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
             spark.sparkContext.setJobGroup(WARM_JOB_GROUP, "faultwatch: start the Python workers")
             n = max(1, spark.sparkContext.defaultParallelism)
             spark.range(n, numPartitions=n).mapInArrow(_pass_through, "id long").collect()
+            from streaming.kafka_source import PlannerWarmup
+
+            spark.dataSource.register(PlannerWarmup)
+            spark.read.format(PlannerWarmup.name()).load().collect()
         except Exception as exc:  # noqa: BLE001 - only an optimisation: the queries start workers anyway
             log.debug("warming the Python workers failed: %s", exc)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -165,6 +165,27 @@ class KafkaEventSource(DataSource):
 
     def streamReader(self, schema: Any) -> KafkaEventReader:
         return KafkaEventReader(dict(self.options))
+
+
+class PlannerWarmup(DataSource):
+    """A source of no rows. Reading it once makes Spark start the Python process that plans data
+    source reads and import this module there; the process is kept for reuse, so the Kafka query's
+    first micro-batch does not wait for it (see :func:`streaming.job.warm_python_workers`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "faultwatch_warmup"
+
+    def schema(self) -> str:
+        return "id long"
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _NoRows()
+
+
+class _NoRows(DataSourceReader):
+    def read(self, partition: Any) -> Iterator[Any]:
+        return iter(())
 
 
 def _client_options(options: dict[str, str]) -> dict[str, Any]:
