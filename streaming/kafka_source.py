@@ -66,6 +66,11 @@ class RangeGroup(InputPartition):
     ranges: tuple[TopicPartitionRange, ...]
 
 
+def _records_of(part: InputPartition) -> int:
+    ranges = part.ranges if isinstance(part, RangeGroup) else (part,)
+    return sum(r.end - r.start for r in ranges if isinstance(r, TopicPartitionRange))
+
+
 def pack_ranges(ranges: Sequence[TopicPartitionRange], pack_rows: int) -> list[InputPartition]:
     """Consecutive ranges of fewer than ``pack_rows`` records in all go to one task (0: never).
 
@@ -357,7 +362,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """One task per topic-partition, or several over offset sub-ranges when it holds more than
         ``split_rows`` records: keys (broker names) hash unevenly, and one long task would keep
-        the other cores idle while it runs."""
+        the other cores idle while it runs. Spark starts tasks in this order: the longest come
+        first, so that the last ones to run are short and no core waits long for the stage's end."""
         split = int(self.options.get("split_rows", "0"))
         settle = int(end.get(SETTLE, 0))
         out = []
@@ -367,7 +373,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 topic, part = _split_key(key)
                 for lo, hi in split_range(begin, int(stop), split):
                     out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle))
-        return pack_ranges(out, int(self.options.get("pack_rows", "0")))
+        return sorted(pack_ranges(out, int(self.options.get("pack_rows", "0"))), key=lambda p: -_records_of(p))
 
     def commit(self, end: dict) -> None:
         pass  # offsets live in the Spark checkpoint

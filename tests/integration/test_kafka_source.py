@@ -60,9 +60,9 @@ def test_a_topic_created_later_is_picked_up_from_its_beginning(kafka) -> None:  
         produce(kafka, "src.later", {0: 3, 2: 4})
         end = r.latestOffset(start, ReadAllAvailable())
         assert end == {"src.later/0": 3, "src.later/1": 0, "src.later/2": 4}
-        assert r.partitions(start, end) == [
-            TopicPartitionRange("src.later", 0, "send_result", 0, 3),
+        assert r.partitions(start, end) == [  # the longest first
             TopicPartitionRange("src.later", 2, "send_result", 0, 4),
+            TopicPartitionRange("src.later", 0, "send_result", 0, 3),
         ]
     finally:
         r.stop()
@@ -132,7 +132,7 @@ def test_large_partitions_are_read_by_several_tasks(kafka) -> None:  # type: ign
     try:
         start = r.initialOffset()
         parts = r.partitions(start, r.latestOffset(start, ReadAllAvailable()))
-        assert [(p.partition, p.start, p.end) for p in parts] == [(0, 0, 83), (0, 83, 166), (0, 166, 250), (1, 0, 40)]
+        assert [(p.partition, p.start, p.end) for p in parts] == [(0, 166, 250), (0, 0, 83), (0, 83, 166), (1, 0, 40)]
     finally:
         r.stop()
 
