@@ -354,6 +354,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if tp in todo and consumer.position(tp) >= self._ends.get(key, 0) > 0:
                     found[(key, offset)] = None  # no readable event time up to the end
                     del todo[tp]
+                if tp not in todo and self._ends.get(key, 0) > offset:
+                    # answered: what was fetched beyond the answer is dropped unread (a position
+                    # past it makes the consumer discard it), and further fetches of it are empty
+                    consumer.seek(tp, self._ends[key])
         return found
 
     def reportLatestOffset(self) -> dict | None:

@@ -248,3 +248,30 @@ def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(
         assert got.offsets == list(range(800))
     finally:
         _CONSUMERS.pop(r.options[SECRET_OPTION]).close()
+
+
+def test_settle_point_look_ups_find_event_times_inside_batches_again_and_again(kafka) -> None:  # type: ignore[no-untyped-def]
+    """``_event_times`` (the settle point's look-ups) on batched records: the record at an offset
+    (exact), or the first with a readable time at or after it; asked again, it answers again (an
+    answered partition's fetched rest is dropped, not read, and must not stop later look-ups)."""
+    create_topics(kafka.bootstrap, ["src.times"], 2)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=50, batch_size=1 << 20)
+    t0 = 1_767_225_600_000
+    for partition in (0, 1):
+        for i in range(3000):  # records 0-99 of partition 1 carry no event time
+            value = b"{}" if partition == 1 and i < 100 else json.dumps({"ts_ms": t0 + 10 * i + partition}).encode()
+            producer.send("src.times", value=value, partition=partition)
+    producer.flush()
+    producer.close()
+    r = reader(kafka, "src.times")
+    try:
+        r.prepareForTriggerAvailableNow()  # learns the ends, as a --once run does
+        for round_ in range(3):
+            at = 1000 * round_
+            found = r._event_times([("src.times/0", at + 500, True), ("src.times/1", at + 50, False)])
+            first_timed = max(at + 50, 100)
+            assert found == {("src.times/0", at + 500): t0 + 10 * (at + 500),
+                             ("src.times/1", at + 50): t0 + 10 * first_timed + 1}
+        assert r._event_times([("src.times/0", 2999, True)]) == {("src.times/0", 2999): t0 + 29_990}
+    finally:
+        r.stop()
