@@ -98,3 +98,25 @@ def test_rows_wait_for_the_settle_point_and_late_events_are_quarantined() -> Non
     late = concern.step(settled.state, lag_events({"send_results": [pa.Table.from_pylist([events[-1][1]])]}),
                         Clock(START + 60_000, START + 60_000, None, False))
     assert late.tables["quarantine"].column("reason").to_pylist() == ["late"]
+
+
+def test_a_state_saved_with_plain_text_pending_events_reads_and_steps_alike() -> None:
+    """Pending events are kept dictionary-encoded; a state saved before that holds them as text."""
+    cfg = Config()
+    concern = GridLag(cfg.lag)
+    events = workload()
+    first, rest = events[:300], events[300:600]
+    chunks: dict[str, list[pa.Table]] = {}
+    for name, row in first:
+        chunks.setdefault(name, []).append(pa.Table.from_pylist([row]))
+    waiting = concern.step(concern.initial("c1"), lag_events(chunks), Clock(0, START - 1, None, False)).state
+    assert waiting.pending is not None
+    plain_text = dataclasses.replace(waiting, pending=pa.Table.from_pylist(waiting.pending.to_pylist()))
+    later: dict[str, list[pa.Table]] = {}
+    for name, row in rest:
+        later.setdefault(name, []).append(pa.Table.from_pylist([row]))
+    clock = Clock(0, rest[-1][1]["ts_ms"], None, False)
+    new = concern.step(concern.decode(concern.encode(waiting)), lag_events(later), clock)
+    old = concern.step(concern.decode(concern.encode(plain_text)), lag_events(later), clock)
+    assert "queue_lag" in new.tables
+    assert {n: t.to_pylist() for n, t in old.tables.items()} == {n: t.to_pylist() for n, t in new.tables.items()}
