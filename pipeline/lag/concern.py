@@ -7,7 +7,10 @@ A key holds one cluster (or one shard of it). Two clocks:
   judged at its end, in event-time order, with quiet keys judged every ``lag.idle_evaluation_s``
   of event time. Which grid points are judged, and on which events, depends on the events alone,
   so the lag tables do not depend on how a backlog is cut into micro-batches. The price: rows come
-  a watermark delay (plus up to one interval) after their events.
+  a watermark delay (plus up to one interval) after their events. Of the send results it gets
+  (the readers cut each fetch's down to :func:`pipeline.lag.sends.per_second`), it applies the
+  same rule again to what an interval gathered, so a second's sends that came in several fetches
+  count once.
 - :class:`Lag` (the ``lag`` query, alone): its clock is its own events' time; stepped without
   events (a timeout), it takes the watermark plus the watermark delay (the query's newest event
   time at the previous batch), so a silent shard still sees its consumers stop and its queues
@@ -29,8 +32,9 @@ import pyarrow.compute as pc
 from pipeline.config import LagConfig
 from pipeline.ipc import ipc_bytes, ipc_table
 from pipeline.lag.codec import decode_state, encode_state
-from pipeline.lag.events import KIND_OF_TABLE, normalize_arrow, normalize_events
+from pipeline.lag.events import KIND_OF_TABLE, SEND, normalize_arrow, normalize_events
 from pipeline.lag.registry import LagState
+from pipeline.lag.sends import per_second
 from pipeline.lag.state import initial_state, is_empty, late_rows, step, step_normalized
 from pipeline.stateful import Clock, Stepped
 from schemas.tables import table
@@ -38,6 +42,7 @@ from schemas.tables import table
 # bronze column -> the lag step's name for it (see pipeline.lag.events.COLUMNS)
 _RENAME = {"status": "send_status", "kafka_topic": "src_topic", "kafka_partition": "src_partition",
            "kafka_offset": "src_offset", "kafka_ts_ms": "src_ts_ms"}
+_COORDINATES = ("src_topic", "src_partition", "src_offset")
 
 
 def lag_events(chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
@@ -138,7 +143,7 @@ class GridLag:
         top = (clock.settle_ms // self.interval_ms) * self.interval_ms
         if top > judged:
             due, pending = _split(pending, top)
-            inner = self._judge(inner, due, top, outputs)
+            inner = self._judge(inner, _sends_per_second(due), top, outputs)
             judged = top
         tables = {name: _arrow(name, pd.concat(frames, ignore_index=True))
                   for name, frames in outputs.items() if sum(map(len, frames))}
@@ -205,6 +210,15 @@ def _compact(events: pa.Table) -> pa.Table:
     saved before holds them as plain text: they are encoded when read.)"""
     arrays = [pc.dictionary_encode(c) if pa.types.is_string(c.type) else c for c in events.columns]
     return pa.Table.from_arrays(arrays, names=events.column_names)
+
+
+def _sends_per_second(events: pa.Table | None) -> pa.Table | None:
+    """The send results among ``events`` cut down to one per queue and second, again: the readers
+    did it per fetch, and a second's sends can come in several fetches, tasks or micro-batches."""
+    if events is None or events.num_rows == 0:
+        return events
+    sends = pc.equal(events.column("kind"), SEND).combine_chunks()
+    return pa.concat_tables([events.filter(pc.invert(sends)), per_second(events.filter(sends), _COORDINATES)])
 
 
 def _split(pending: pa.Table | None, top: int) -> tuple[pa.Table | None, pa.Table | None]:
