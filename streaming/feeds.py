@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 # how chunks of events and of table rows travel through Spark (the reader tasks import it from here)
 from pipeline.ipc import ipc_bytes  # noqa: F401
+from pipeline.lag.sends import per_second
 
 SEP = "\x1f"
 FAULTS, LAG, PASS = "f", "l", "_"
@@ -30,7 +31,7 @@ FAULT_DICTIONARY = ("cluster", "producer_group", "client_id", "client_version", 
                     "status", "error", "kafka_topic")
 # What the lag step reads of each bronze table (see pipeline.lag.events.COLUMNS).
 LAG_COLUMNS = {
-    "send_results": ("ts_ms", "cluster", "topic", "broker_name", "queue_id", "queue_offset", "status",
+    "send_results": ("ts_ms", "cluster", "topic", "broker_name", "queue_id", "queue_offset",
                      "kafka_topic", "kafka_partition", "kafka_offset", "kafka_ts_ms"),
     "consumer_progress": ("ts_ms", "cluster", "consumer_group", "topic", "broker_name", "queue_id",
                           "consumer_offset", "broker_offset", "client_id", "last_timestamp_ms",
@@ -38,8 +39,8 @@ LAG_COLUMNS = {
     "group_membership": ("ts_ms", "cluster", "consumer_group", "topic", "client_ids", "strategy",
                          "kafka_topic", "kafka_partition", "kafka_offset", "kafka_ts_ms"),
 }
-LAG_DICTIONARY = ("cluster", "topic", "broker_name", "status", "consumer_group", "client_id", "kafka_topic",
-                  "strategy")
+LAG_COORDINATES = ("kafka_topic", "kafka_partition", "kafka_offset")  # per_second's tie-break
+LAG_DICTIONARY = ("cluster", "topic", "broker_name", "consumer_group", "client_id", "kafka_topic", "strategy")
 
 
 def key_of(concern: str, *parts: object) -> str:
@@ -108,12 +109,15 @@ def shard_of(names: pa.Array, shards: int) -> np.ndarray:
 
 def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, pa.Table]]:
     """(key, table, rows) per (cluster, shard) of what the lag step reads; send results go to
-    every shard of their cluster (they are shared by every group consuming the topic)."""
+    every shard of their cluster (they are shared by every group consuming the topic), at most two
+    per queue and second (:func:`pipeline.lag.sends.per_second`)."""
     out = []
     for name in sorted(tables):
         if name not in LAG_COLUMNS:
             continue
         rows = encode_dictionary(tables[name].select(list(LAG_COLUMNS[name])), LAG_DICTIONARY)
+        if name == "send_results":
+            rows = per_second(rows, LAG_COORDINATES)
         if name == "send_results" or shards <= 1:
             for (cluster,), part in split_by(rows, ("cluster",)):
                 out += [(key_of(LAG, cluster, s), name, part) for s in range(max(1, shards))]

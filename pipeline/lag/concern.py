@@ -7,7 +7,10 @@ A key holds one cluster (or one shard of it). Two clocks:
   judged at its end, in event-time order, with quiet keys judged every ``lag.idle_evaluation_s``
   of event time. Which grid points are judged, and on which events, depends on the events alone,
   so the lag tables do not depend on how a backlog is cut into micro-batches. The price: rows come
-  a watermark delay (plus up to one interval) after their events.
+  a watermark delay (plus up to one interval) after their events. Of the send results it gets
+  (the readers cut each fetch's down to :func:`pipeline.lag.sends.per_second`), it applies the
+  same rule again to what an interval gathered, so a second's sends that came in several fetches
+  count once.
 - :class:`Lag` (the ``lag`` query, alone): its clock is its own events' time; stepped without
   events (a timeout), it takes the watermark plus the watermark delay (the query's newest event
   time at the previous batch), so a silent shard still sees its consumers stop and its queues
@@ -29,15 +32,17 @@ import pyarrow.compute as pc
 from pipeline.config import LagConfig
 from pipeline.ipc import ipc_bytes, ipc_table
 from pipeline.lag.codec import decode_state, encode_state
-from pipeline.lag.events import KIND_OF_TABLE
+from pipeline.lag.events import KIND_OF_TABLE, SEND, normalize_arrow, normalize_events
 from pipeline.lag.registry import LagState
-from pipeline.lag.state import initial_state, is_empty, late_rows, step
+from pipeline.lag.sends import per_second
+from pipeline.lag.state import initial_state, is_empty, late_rows, step, step_normalized
 from pipeline.stateful import Clock, Stepped
 from schemas.tables import table
 
 # bronze column -> the lag step's name for it (see pipeline.lag.events.COLUMNS)
 _RENAME = {"status": "send_status", "kafka_topic": "src_topic", "kafka_partition": "src_partition",
            "kafka_offset": "src_offset", "kafka_ts_ms": "src_ts_ms"}
+_COORDINATES = ("src_topic", "src_partition", "src_offset")
 
 
 def lag_events(chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
@@ -132,13 +137,13 @@ class GridLag:
             if late is not None and pc.any(late).as_py():
                 outputs["quarantine"] = [late_rows(events.filter(late).to_pandas(), clock.watermark_ms)]
                 events = events.filter(pc.invert(late))
-            parts = [t for t in (pending, events) if t is not None and t.num_rows]
-            pending = pa.concat_tables(parts, promote_options="default") if parts else None
+            parts = [t for t in (pending, _compact(events)) if t is not None and t.num_rows]
+            pending = pa.concat_tables(parts, promote_options="default").combine_chunks() if parts else None
         inner, judged = state.inner, state.judged_ms
         top = (clock.settle_ms // self.interval_ms) * self.interval_ms
         if top > judged:
             due, pending = _split(pending, top)
-            inner = self._judge(inner, due, top, outputs)
+            inner = self._judge(inner, _sends_per_second(due), top, outputs)
             judged = top
         tables = {name: _arrow(name, pd.concat(frames, ignore_index=True))
                   for name, frames in outputs.items() if sum(map(len, frames))}
@@ -149,9 +154,9 @@ class GridLag:
                outputs: dict[str, list[pd.DataFrame]]) -> LagState:
         """Apply ``due`` (the events up to ``top``) bucket by bucket, each judged at its end; a state
         holding something is also judged at every multiple of ``idle_ms`` after its last judgment."""
-        # by time only: within a bucket the step puts its events in a fixed order itself
-        frame = due.sort_by("ts_ms").to_pandas() if due is not None and due.num_rows else pd.DataFrame()
-        ts = frame["ts_ms"].to_numpy() if len(frame) else np.zeros(0, dtype=np.int64)
+        # normalised once (by time first): each bucket's slice of it is normalised too
+        frame = normalize_arrow(due) if due is not None else normalize_events(pd.DataFrame())
+        ts = frame["ts_ms"].to_numpy()
         buckets = sorted(set((-(-ts // self.interval_ms) * self.interval_ms).tolist()))
         lo = 0
         for point in [*buckets, None]:
@@ -159,7 +164,7 @@ class GridLag:
                 idle = (inner.clock_ms // self.idle_ms + 1) * self.idle_ms
                 if idle > top or (point is not None and idle >= point):
                     break
-                inner = self._at(inner, pd.DataFrame(), idle, outputs)
+                inner = self._at(inner, frame.iloc[0:0], idle, outputs)
             if point is None:
                 break
             hi = int(np.searchsorted(ts, point, side="right"))
@@ -168,7 +173,7 @@ class GridLag:
         return inner
 
     def _at(self, inner: LagState, frame: pd.DataFrame, point: int, outputs: dict[str, list[pd.DataFrame]]) -> LagState:
-        inner, out = step(inner, frame, point, self.cfg)
+        inner, out = step_normalized(inner, frame, point, self.cfg)
         for name, rows in (("queue_lag", out.queue_lag), ("group_status", out.group_status),
                            ("quarantine", out.quarantine)):
             if len(rows):
@@ -186,21 +191,39 @@ class GridLag:
         return min(candidates) + 1 if candidates else None
 
     def encode(self, state: GridState) -> tuple[Any, ...]:
-        pending = ipc_bytes(state.pending, compress=True) if state.pending is not None and state.pending.num_rows else b""
-        return (*encode_state(state.inner), pending, state.judged_ms)
+        pending = state.pending
+        blob = ipc_bytes(pending, compress="lz4") if pending is not None and pending.num_rows else b""
+        return (*encode_state(state.inner), blob, state.judged_ms)
 
     def decode(self, row: Sequence[Any]) -> GridState:
         *inner, pending, judged = tuple(row)
         return GridState(decode_state(tuple(inner), self.cfg.window_commits),
-                         ipc_table(bytes(pending)) if pending else None, int(judged))
+                         _compact(ipc_table(bytes(pending))) if pending else None, int(judged))
 
     def is_empty(self, state: GridState) -> bool:
         return is_empty(state.inner) and (state.pending is None or state.pending.num_rows == 0)
+
+
+def _compact(events: pa.Table) -> pa.Table:
+    """Text columns dictionary-encoded: the pending events are filtered, saved and read back every
+    micro-batch, and a few distinct names per column then cost a few integers per row. (A state
+    saved before holds them as plain text: they are encoded when read.)"""
+    arrays = [pc.dictionary_encode(c) if pa.types.is_string(c.type) else c for c in events.columns]
+    return pa.Table.from_arrays(arrays, names=events.column_names)
+
+
+def _sends_per_second(events: pa.Table | None) -> pa.Table | None:
+    """The send results among ``events`` cut down to one per queue and second, again: the readers
+    did it per fetch, and a second's sends can come in several fetches, tasks or micro-batches."""
+    if events is None or events.num_rows == 0:
+        return events
+    sends = pc.equal(events.column("kind"), SEND).combine_chunks()
+    return pa.concat_tables([events.filter(pc.invert(sends)), per_second(events.filter(sends), _COORDINATES)])
 
 
 def _split(pending: pa.Table | None, top: int) -> tuple[pa.Table | None, pa.Table | None]:
     """(events at or before ``top``, the rest)."""
     if pending is None or pending.num_rows == 0:
         return None, pending
-    due = pc.less_equal(pending.column("ts_ms"), top)
+    due = pc.less_equal(pending.column("ts_ms"), top).combine_chunks()  # (a chunked mask filters slowly)
     return pending.filter(due), pending.filter(pc.invert(due))

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.lag.model import NO_OFFSET, UNKNOWN
 from schemas.events import ConsumerProgress, GroupMembership, SendResult
@@ -65,6 +67,65 @@ def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
             out[name] = frame[name].to_numpy()
         else:
             out[name] = pd.to_numeric(frame[name], errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+    return _in_order(out, n)
+
+
+def normalize_arrow(events: pa.Table) -> pd.DataFrame:
+    """:func:`normalize_events` of ``events.to_pandas()``, built for less: rows are put in order
+    while text is still dictionary codes, a dictionary's words become one string object each, and
+    numbers stay int64 (``to_pandas`` makes floats of a column with nulls)."""
+    n = events.num_rows
+    columns = {name: events.column(name).combine_chunks() for name in COLUMNS if name in events.column_names}
+    numbers = {name: _int64(columns.get(name), n, COLUMNS[name][0])
+               for name in ("ts_ms", "src_partition", "src_offset")}
+    order = np.lexsort((_text_rank(columns.get("kind"), n), numbers["src_offset"], numbers["src_partition"],
+                        _text_rank(columns.get("src_topic"), n), numbers["ts_ms"]))
+    in_order = not (order[1:] < order[:-1]).any()
+    out = {}
+    for name, (default, dtype) in COLUMNS.items():
+        column = columns.get(name)
+        if column is not None and not in_order:
+            column = column.take(pa.array(order))
+        if dtype == "int64":
+            out[name] = _int64(column, n, default)
+        elif column is None or pa.types.is_null(column.type):
+            out[name] = np.full(n, default, dtype=object)
+        elif name == "client_ids":
+            out[name] = column.to_numpy(zero_copy_only=False)
+        else:
+            out[name] = _words(column)
+    return pd.DataFrame(out, copy=False)  # a block per column: consolidating them copies everything
+
+
+def _int64(column: pa.Array | None, n: int, default: int) -> np.ndarray:
+    if column is None or pa.types.is_null(column.type):
+        return np.full(n, default, dtype=np.int64)
+    return pc.fill_null(column, default).cast(pa.int64()).to_numpy()
+
+
+def _words(column: pa.Array) -> np.ndarray:
+    """Strings as an object array, None for null; one string object per distinct dictionary word."""
+    if not pa.types.is_dictionary(column.type):
+        return column.to_numpy(zero_copy_only=False)
+    words = np.append(column.dictionary.to_numpy(zero_copy_only=False), None)  # type: ignore[call-overload]  # numpy's stubs read a None value as the omitted argument
+    return words[column.indices.fill_null(-1).to_numpy()]  # -1 picks the trailing None
+
+
+def _text_rank(column: pa.Array | None, n: int) -> np.ndarray:
+    """Per row, its text's rank in sorted order (-1 for null): ``pd.factorize(sort=True)``'s codes."""
+    if column is None or pa.types.is_null(column.type):
+        return np.full(n, -1, dtype=np.int64)
+    if pa.types.is_dictionary(column.type):
+        words = column.dictionary.to_numpy(zero_copy_only=False)
+        codes = column.indices.fill_null(-1).to_numpy()
+    else:
+        codes, words = pd.factorize(column.to_numpy(zero_copy_only=False), sort=False)
+    rank = np.append(np.argsort(np.argsort(np.asarray(words, dtype=object), kind="stable")), -1)
+    return rank[codes]
+
+
+def _in_order(out: dict[str, np.ndarray], n: int) -> pd.DataFrame:
+    """The columns as a frame, rows sorted by :data:`SORT_KEYS`."""
     if n:
         order = np.lexsort(
             (
@@ -77,7 +138,7 @@ def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
         )
         if not (order[1:] > order[:-1]).all():
             out = {k: v[order] for k, v in out.items()}
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)  # a block per column: consolidating them copies everything
 
 
 def events_frame(events: Iterable[SendResult | ConsumerProgress | GroupMembership]) -> pd.DataFrame:

@@ -54,10 +54,31 @@ def time_lag_alert(
 
 
 def _per_group(codes: np.ndarray, values: np.ndarray, groups: np.ndarray, how: str) -> np.ndarray:
-    """Aggregate ``values`` by group code; UNKNOWN for groups without values."""
+    """Aggregate ``values`` (``how``: "max" or "sum") by group code; UNKNOWN for groups without values."""
     known = values != UNKNOWN
-    agg = pd.Series(values[known]).groupby(codes[known]).agg(how)
-    return agg.reindex(groups).fillna(UNKNOWN).to_numpy(dtype=I64)
+    codes, values = codes[known], values[known]
+    out = np.full(len(groups), UNKNOWN, dtype=I64)
+    if len(codes) == 0:
+        return out
+    order = np.argsort(codes, kind="stable")
+    codes, values = codes[order], values[order].astype(I64)
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    totals = (np.maximum if how == "max" else np.add).reduceat(values, starts)
+    pos, found = lookup(groups, codes[starts])
+    out[pos[found]] = totals[found]
+    return out
+
+
+def _first_per_group(order: np.ndarray, codes: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per group, the first of ``order`` (positions sorted by code first) in its group; -1 for none."""
+    out = np.full(len(groups), -1, dtype=I64)
+    if len(order) == 0:
+        return out
+    s = codes[order]
+    first = np.r_[True, s[1:] != s[:-1]]
+    pos, found = lookup(groups, s[first])
+    out[pos[found]] = order[first][found]
+    return out
 
 
 def worst_rows(
@@ -65,9 +86,7 @@ def worst_rows(
 ) -> np.ndarray:
     """Index (into the given arrays) of each group's worst queue, -1 for groups with none."""
     order = np.lexsort((np.arange(len(codes)), -lag, -tlag, -status.astype(I64), codes))
-    first = np.r_[True, codes[order][1:] != codes[order][:-1]] if len(order) else np.zeros(0, dtype=bool)
-    best = pd.Series(order[first], index=codes[order][first])
-    return best.reindex(groups).fillna(-1).to_numpy(dtype=I64)
+    return _first_per_group(order, codes, groups)
 
 
 def burrow_group_status(
@@ -101,9 +120,7 @@ def group_complete(
 def maxlag_rows(codes: np.ndarray, lag: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Index of each group's first queue with the highest lag (unknown lags lowest), -1 for none."""
     order = np.lexsort((np.arange(len(codes)), -lag, codes))
-    first = np.r_[True, codes[order][1:] != codes[order][:-1]] if len(order) else np.zeros(0, dtype=bool)
-    best = pd.Series(order[first], index=codes[order][first])
-    return best.reindex(groups).fillna(-1).to_numpy(dtype=I64)
+    return _first_per_group(order, codes, groups)
 
 
 def idle_consumers(state: LagState, groups: np.ndarray) -> list[list[str]]:
@@ -178,46 +195,45 @@ def group_rows(
         out[:] = [v if ok else None for v, ok in zip(values, present)]
         return out
 
-    rows = pd.DataFrame(
-        {
-            "cluster": state.cluster,
-            "consumer_group": state.group_names[groups],
-            "ts_ms": np.full(len(groups), now_ms, dtype=I64),
-            "status": STATUS_NAMES[g_status],
-            "previous_status": np.where(  # type: ignore[call-overload]  # numpy's stubs read None as omitted
-                prev_status >= 0, STATUS_NAMES[np.maximum(prev_status, 0)], None
-            ),
-            "total_lag": nullable(_per_group(codes[main], lag[main], groups, "sum")),
-            "max_time_lag_ms": nullable(max_tlag),
-            "retry_lag": nullable(
-                _per_group(codes[kind == KIND_RETRY], lag[kind == KIND_RETRY], groups, "sum")
-            ),
-            "dlq_lag": nullable(_per_group(codes[kind == KIND_DLQ], lag[kind == KIND_DLQ], groups, "sum")),
-            "worst_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], wq))),
-            "worst_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], wq))),
-            "worst_queue_id": nullable(np.where(has_worst, _take(state.queues["queue_id"], wq), UNKNOWN), "Int32"),
-            "worst_owner": pick(_take(pairs["owner"], wsel)),
-            "queues": np.bincount(np.searchsorted(groups, codes[main]), minlength=len(groups)).astype(
-                np.int32
-            ),
-            "mismatched_queues": np.bincount(
-                np.searchsorted(groups, codes), weights=pairs["mismatch"][sel], minlength=len(groups)
-            ).astype(np.int32),
-            "idle_consumers": idle_consumers(state, groups),
-            "alert": alert_s | alert_t,
-            "alert_reason": _reasons(
-                prev_status, g_status, alert_s, alert_t, max_tlag, cfg.time_lag_alert_ms
-            ),
-            "event_date": utc_date(now_ms),
-            "burrow_status": GROUP_STATUS_NAMES[b_status],
-            "complete": complete.astype(np.float64),
-            "max_lag": nullable(np.where(has_max, _take(view.lag, msel), UNKNOWN)),
-            "maxlag_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], mq)), has_max),
-            "maxlag_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], mq)), has_max),
-            "maxlag_queue_id": nullable(np.where(has_max, _take(state.queues["queue_id"], mq), UNKNOWN), "Int32"),
-        }
-    )
-    return rows[GROUP_STATUS.columns], _next_groups(state, previous, groups, g_status, above, now_ms)
+    rows = {
+        "cluster": state.cluster,
+        "consumer_group": state.group_names[groups],
+        "ts_ms": np.full(len(groups), now_ms, dtype=I64),
+        "status": STATUS_NAMES[g_status],
+        "previous_status": np.where(  # type: ignore[call-overload]  # numpy's stubs read None as omitted
+            prev_status >= 0, STATUS_NAMES[np.maximum(prev_status, 0)], None
+        ),
+        "total_lag": nullable(_per_group(codes[main], lag[main], groups, "sum")),
+        "max_time_lag_ms": nullable(max_tlag),
+        "retry_lag": nullable(
+            _per_group(codes[kind == KIND_RETRY], lag[kind == KIND_RETRY], groups, "sum")
+        ),
+        "dlq_lag": nullable(_per_group(codes[kind == KIND_DLQ], lag[kind == KIND_DLQ], groups, "sum")),
+        "worst_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], wq))),
+        "worst_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], wq))),
+        "worst_queue_id": nullable(np.where(has_worst, _take(state.queues["queue_id"], wq), UNKNOWN), "Int32"),
+        "worst_owner": pick(_take(pairs["owner"], wsel)),
+        "queues": np.bincount(np.searchsorted(groups, codes[main]), minlength=len(groups)).astype(
+            np.int32
+        ),
+        "mismatched_queues": np.bincount(
+            np.searchsorted(groups, codes), weights=pairs["mismatch"][sel], minlength=len(groups)
+        ).astype(np.int32),
+        "idle_consumers": idle_consumers(state, groups),
+        "alert": alert_s | alert_t,
+        "alert_reason": _reasons(
+            prev_status, g_status, alert_s, alert_t, max_tlag, cfg.time_lag_alert_ms
+        ),
+        "event_date": utc_date(now_ms),
+        "burrow_status": GROUP_STATUS_NAMES[b_status],
+        "complete": complete.astype(np.float64),
+        "max_lag": nullable(np.where(has_max, _take(view.lag, msel), UNKNOWN)),
+        "maxlag_topic": pick(_take(state.topic_names, _take(state.queues["tcode"], mq)), has_max),
+        "maxlag_broker": pick(_take(state.broker_names, _take(state.queues["bcode"], mq)), has_max),
+        "maxlag_queue_id": nullable(np.where(has_max, _take(state.queues["queue_id"], mq), UNKNOWN), "Int32"),
+    }
+    frame = pd.DataFrame({name: rows[name] for name in GROUP_STATUS.columns}, copy=False)
+    return frame, _next_groups(state, previous, groups, g_status, above, now_ms)
 
 
 def _reasons(

@@ -100,28 +100,26 @@ def queue_rows(state: LagState, view: PairView, rows: np.ndarray, now_ms: int) -
     """``queue_lag`` rows for the pairs at positions ``rows``, as of the batch clock."""
     pairs, queues = state.pairs, state.queues
     q = state.queue_rows(pairs["qkey"][rows])
-    out = pd.DataFrame(
-        {
-            "cluster": state.cluster,
-            "consumer_group": state.group_names[pairs["gcode"][rows]],
-            "topic": state.topic_names[queues["tcode"][q]],
-            "topic_kind": np.array(KIND_NAMES, dtype=object)[view.kind[rows]],
-            "broker_name": state.broker_names[queues["bcode"][q]],
-            "queue_id": queues["queue_id"][q].astype(np.int32),
-            "ts_ms": np.full(len(rows), now_ms, dtype=I64),
-            "consumer_offset": nullable(view.consumer_offset[rows]),
-            "broker_offset": nullable(view.max_offset[rows]),
-            "lag_messages": nullable(view.lag[rows]),
-            "offset_clamped": view.clamped[rows],
-            "time_lag_ms": nullable(view.time_lag[rows]),
-            "time_lag_method": METHOD_NAMES[view.method[rows]],
-            "start_policy": view.start_policy[rows],
-            "last_commit_ms": nullable(pairs["last_commit_ms"][rows]),
-            "owner_client_id": pairs["owner"][rows],
-            "reported_by": pairs["reported_by"][rows],
-            "owner_mismatch": pairs["mismatch"][rows],
-            "status": STATUS_NAMES[view.status[rows]],
-            "event_date": utc_date(now_ms),
-        }
-    )
-    return out[QUEUE_LAG.columns]
+    out = {
+        "cluster": state.cluster,
+        "consumer_group": state.group_names[pairs["gcode"][rows]],
+        "topic": state.topic_names[queues["tcode"][q]],
+        "topic_kind": np.array(KIND_NAMES, dtype=object)[view.kind[rows]],
+        "broker_name": state.broker_names[queues["bcode"][q]],
+        "queue_id": queues["queue_id"][q].astype(np.int32),
+        "ts_ms": np.full(len(rows), now_ms, dtype=I64),
+        "consumer_offset": nullable(view.consumer_offset[rows]),
+        "broker_offset": nullable(view.max_offset[rows]),
+        "lag_messages": nullable(view.lag[rows]),
+        "offset_clamped": view.clamped[rows],
+        "time_lag_ms": nullable(view.time_lag[rows]),
+        "time_lag_method": METHOD_NAMES[view.method[rows]],
+        "start_policy": view.start_policy[rows],
+        "last_commit_ms": nullable(pairs["last_commit_ms"][rows]),
+        "owner_client_id": pairs["owner"][rows],
+        "reported_by": pairs["reported_by"][rows],
+        "owner_mismatch": pairs["mismatch"][rows],
+        "status": STATUS_NAMES[view.status[rows]],
+        "event_date": utc_date(now_ms),
+    }
+    return pd.DataFrame({name: out[name] for name in QUEUE_LAG.columns}, copy=False)

@@ -47,6 +47,7 @@ from schemas.tables import QUARANTINE
 
 I64 = np.int64
 MS_PER_S = 1000
+_NO_QUARANTINE = pd.DataFrame(columns=QUARANTINE.columns)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,14 @@ def step(
     Events at or before ``watermark_ms`` (Spark's event-time watermark, 0 = none yet) are late:
     they go to quarantine with reason ``late`` rather than being applied or silently dropped.
     """
-    ev = normalize_events(events)
+    return step_normalized(state, normalize_events(events), now_ms, cfg, watermark_ms)
+
+
+def step_normalized(
+    state: LagState, ev: pd.DataFrame, now_ms: int, cfg: LagConfig, watermark_ms: int = 0
+) -> tuple[LagState, LagOutput]:
+    """:func:`step` over events that went through :func:`normalize_events` already (a caller that
+    applies many slices of one frame by event time normalises it once: each slice stays normalised)."""
     state = _adopt_cluster(state, ev)
     ev, late = _reject_late(ev, watermark_ms)
     ev, future = _reject_future(ev, state.clock_ms, now_ms, cfg.max_future_skew_ms)
@@ -307,7 +315,7 @@ def _changed_ms(state: LagState, pair_rows: np.ndarray) -> np.ndarray:
 
 def _quarantine_rows(rejected: pd.DataFrame) -> pd.DataFrame:
     if rejected.empty:
-        return pd.DataFrame(columns=QUARANTINE.columns)
+        return _NO_QUARANTINE.copy()
     fields = [
         "kind",
         "ts_ms",
