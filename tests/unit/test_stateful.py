@@ -59,7 +59,8 @@ def test_ipc_round_trip_keeps_types_and_nulls_and_compression_is_smaller() -> No
     assert len(ipc_bytes(rows, compress=True)) < len(ipc_bytes(rows)) / 5
 
 
-def test_broker_faults_through_the_contract_write_what_the_pure_step_writes() -> None:
+@pytest.mark.parametrize("decode", [False, True])  # False: dictionary codes, as the combined query reads them
+def test_broker_faults_through_the_contract_write_what_the_pure_step_writes(decode: bool) -> None:
     cfg = FaultsConfig()
     events = from_send_results(random_stream(3, producers=8, brokers=1, events=1500, span_ms=300_000))
     ts = events["ts_ms"]
@@ -71,8 +72,9 @@ def test_broker_faults_through_the_contract_write_what_the_pure_step_writes() ->
         lo, settle = hi, hi - DELAY
         chunks = fault_feed(bronze_table(part).drop_columns([ROUTE_COLUMN]), EVENT_COLUMNS, cfg.shards)
         frame = reader_frame(chunks, settle, hi)
-        tables, got_settle, now = read_chunks(iter([frame]))
+        tables, got_settle, now = read_chunks(iter([frame]), decode)
         assert (got_settle, now) == (settle, hi)
+        assert pa.types.is_dictionary(tables["send_results"][0].schema.field("status").type) != decode
         state = group_state(row, watermark)
         clock = event_clock(state, settle, now)
         got = step_key(concern, "c1", state, concern.events(tables), clock)
