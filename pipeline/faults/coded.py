@@ -80,7 +80,8 @@ def _objects(values: list[Any]) -> np.ndarray:
 
 def _unique_words(codes: np.ndarray, words: list[Any]) -> Coded:
     """Codes into ``words``, which may repeat a value or hold None: codes into their distinct values."""
-    word_codes, uniques = pd.factorize(pd.Series(words, dtype=object))
-    if len(uniques) != len(words):
-        codes = np.append(word_codes, NULL).astype(np.int64)[codes]
-    return Coded(codes, _objects(list(uniques))).compact()
+    index: dict[Any, int] = {}
+    remap = [NULL if w is None else index.setdefault(w, len(index)) for w in words]
+    if len(index) != len(words):
+        codes = np.asarray(remap + [NULL], dtype=np.int64)[codes]
+    return Coded(codes, _objects(list(index))).compact()

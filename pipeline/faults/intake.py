@@ -53,10 +53,9 @@ def encode(values: Coded, names: tuple[str, ...], cap: int | None = None) -> tup
 def _joint(known: np.ndarray, new: Coded) -> tuple[np.ndarray, int]:
     """Codes of the values ``known`` and then of ``new``'s rows in one numbering; how many values."""
     codes, uniques = pd.factorize(pd.Series(known, dtype=object))
-    pos = pd.Index(uniques).get_indexer(new.words) if len(uniques) else np.full(len(new.words), -1)
-    fresh = pos < 0
-    pos[fresh] = len(uniques) + np.arange(int(fresh.sum()))
-    return np.concatenate([codes, pos[new.codes]]).astype(np.int64), len(uniques) + int(fresh.sum())
+    index = {value: i for i, value in enumerate(uniques.tolist())}
+    pos = np.asarray([index.setdefault(w, len(index)) for w in new.words.tolist()] + [NULL], dtype=np.int64)
+    return np.concatenate([codes, pos[new.codes]]).astype(np.int64), len(index)
 
 
 def quarantine(events: Events, rows: np.ndarray, reason: str, detail: Any) -> list[dict[str, Any]]:
