@@ -194,3 +194,23 @@ def test_the_clock_of_a_timed_out_key_has_no_batch(watermark: int) -> None:
     timed_out = event_clock(group_state(None, watermark, timed_out=True), T0 + 5, T0)
     assert timed_out == Clock(watermark, watermark, None, True)
     assert event_clock(group_state(None, watermark), T0 - 5, T0) == Clock(watermark, max(watermark, T0 - 5), T0)
+
+
+def test_freed_heap_goes_back_to_the_os_only_when_a_step_left_much(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streaming import faults_query
+
+    trims: list[int] = []
+
+    class Libc:
+        def malloc_trim(self, pad: int) -> None:
+            trims.append(pad)
+
+    monkeypatch.setattr(faults_query, "_glibc", lambda: Libc())
+    for free, count in ((faults_query.TRIM_FREE_BYTES - 1, 0), (faults_query.TRIM_FREE_BYTES, 1), (None, 2)):
+        monkeypatch.setattr(faults_query, "_free_heap", lambda libc, free=free: free)
+        faults_query.release_memory()
+        assert len(trims) == count
+    monkeypatch.undo()
+    libc = faults_query._glibc()
+    assert libc is None or isinstance(faults_query._free_heap(libc), (int, type(None)))
+    faults_query.release_memory()
