@@ -69,7 +69,7 @@ def build(schema: Schema, **values: Any) -> Cols:
 
 # Field metadata of a narrowed integer column (to_arrow's ``narrow``): the minimum it is stored from.
 BASE = b"base"
-_UNSIGNED = (np.uint8, np.uint16, np.uint32)
+_UNSIGNED = tuple((t, int(np.iinfo(t).max)) for t in (np.uint8, np.uint16, np.uint32))
 
 
 def to_arrow(cols: Cols, schema: Schema, narrow: bool = False) -> pa.RecordBatch:
@@ -90,9 +90,11 @@ def to_arrow(cols: Cols, schema: Schema, narrow: bool = False) -> pa.RecordBatch
 def _narrowed(values: np.ndarray) -> tuple[np.ndarray, dict[bytes, bytes] | None]:
     low = int(values.min())
     span = int(values.max()) - low
-    for unsigned in _UNSIGNED:
-        if span <= np.iinfo(unsigned).max:
-            return (values - low).astype(unsigned), {BASE: str(low).encode()}
+    for unsigned, top in _UNSIGNED:
+        if span <= top:
+            out = np.empty(len(values), dtype=unsigned)
+            np.subtract(values, low, out=out, casting="unsafe")  # each difference fits: exact
+            return out, {BASE: str(low).encode()}
     return values, None
 
 

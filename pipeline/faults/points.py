@@ -26,6 +26,7 @@ from pipeline.faults.frame import Cols
 # The integer fields of a Point, then p99; bucket_errors travels as JSON.
 COUNTS = ("avoiding", "active", "sends", "failures", "failing", "slow", "bucket_sends", "bucket_failures")
 HEADER = -1  # the tick of the row that only says "my forecast from here on is this emission"
+_NO_ERRORS = json.dumps({})
 
 
 def forecasts(
@@ -84,7 +85,7 @@ def _row(cluster: str, broker: str, after: int, head: int, tick: int, p: ep_mod.
     row: dict[str, Any] = {"cluster": cluster, "broker_name": broker, "from_ms": after, "head_ms": head, "tick": tick}
     row.update({name: int(getattr(p, name)) for name in COUNTS})
     row["p99"] = float(p.p99)
-    row["bucket_errors"] = json.dumps(dict(p.bucket_errors), sort_keys=True)
+    row["bucket_errors"] = json.dumps(dict(p.bucket_errors), sort_keys=True) if p.bucket_errors else _NO_ERRORS
     row["seen"] = seen
     return row
 
