@@ -167,9 +167,9 @@ def broker_points(
 
     ``sends`` holds the broker's log rows (:data:`POINT_COLUMNS`) in time order; the windows are
     the ones the quorum counts. A distinct count over a range of rows is the number of rows there
-    whose pair does not come again before the range ends (:func:`next_same`),
-    taken for every tick at once on a (ticks x rows) grid; only the p99s and the error counts of
-    a tick with failures take a step per tick.
+    whose pair does not come again before the range ends (:func:`next_same`), taken for every tick
+    at once (:func:`_distinct`); only the p99s and the error counts of a tick with failures take a
+    step per tick.
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
