@@ -145,7 +145,7 @@ def step(
         ok, gen, ids, broker_codes = ok[~refused], gen[~refused], ids[~refused], broker_codes[~refused]
     new, versions, errors = intake.new_log(state, events, ok, gen, ids, broker_codes, cfg)
     table = {name: values.copy() for name, values in table.items()}
-    log = {name: values.copy() for name, values in state.log.items()}
+    log = {**state.log, "folded": state.log["folded"].copy()}  # the one column fold writes to
     pairs.fold(table, log, state.windows, brokers, wm)
     updates = pairs.apply_new(table, log, new, brokers, wm)
     if nrows(new):
