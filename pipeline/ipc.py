@@ -1,10 +1,11 @@
 """Arrow tables as bytes (one Arrow IPC stream) and back: the one way rows travel as bytes.
 
-The fault and lag states go to Spark's state store this way (zstd-compressed: as fast as LZ4 here,
-~2.7x smaller; the lag keys' pending events, rewritten every micro-batch, LZ4), and the streaming
-job's chunks of events and of output rows cross Spark's shuffle this way (uncompressed: they live
-for one batch). IPC keeps the columns typed and is free of Python class paths, so moving a module
-never breaks a checkpoint (pickle would).
+The fault and lag states go to Spark's state store this way (the lag state zstd-compressed, its
+pending events, rewritten every micro-batch, LZ4; the fault state's narrowed integers are not worth
+compressing, see :mod:`pipeline.faults.codec`), and the streaming job's chunks of events and of
+output rows cross Spark's shuffle this way (uncompressed: they live for one batch). IPC keeps the
+columns typed and is free of Python class paths, so moving a module never breaks a checkpoint
+(pickle would).
 """
 
 from __future__ import annotations

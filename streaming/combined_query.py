@@ -100,16 +100,21 @@ def unpack(blob: bytes) -> tuple[Any, ...]:
 CLOCK = "_clock"  # the batch's settle point (``rows``), for the cluster decision in the sink
 
 
-def _step(concern: Concern[Any], key: str, frames: Iterator[pd.DataFrame], state: Any) -> list[tuple[str, int, bytes]]:
-    """One key's state stepped over its chunks; its rows as chunks (table, rows, Arrow IPC)."""
-    tables, settle, now = ({}, 0, None) if state.hasTimedOut else read_chunks(frames)
+def _step(concern: Concern[Any], key: str, frames: Iterator[pd.DataFrame], state: Any,
+          plain: bool = True) -> list[tuple[str, int, bytes]]:
+    """One key's state stepped over its chunks; its rows as chunks (table, rows, Arrow IPC).
+
+    ``plain``: decode the readers' dictionary-encoded strings first (a step that reads the codes
+    itself does not need it).
+    """
+    tables, settle, now = ({}, 0, None) if state.hasTimedOut else read_chunks(frames, plain)
     out = step_key(concern, key, state, concern.events(tables), event_clock(state, settle, now),
                    load=lambda row: unpack(bytes(row[0])), save=lambda values: (pack(values),))
     return [(name, rows.num_rows, ipc_bytes(rows)) for name, rows in out.items()]
 
 
 def _fault_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:
-    return _step(BrokerFaults(cfg.faults), cluster, frames, state)
+    return _step(BrokerFaults(cfg.faults), cluster, frames, state, plain=False)
 
 
 def _lag_key(cluster: str, frames: Iterator[pd.DataFrame], state: Any, cfg: Config) -> list[tuple[str, int, bytes]]:

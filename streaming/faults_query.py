@@ -14,6 +14,9 @@ reason ``late``. Late events are re-encoded to JSON for quarantine from their co
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,17 +43,44 @@ BRONZE = "send_results"
 KEY = "_all"
 
 
-def release_memory() -> None:
-    """Hand freed heap back to the OS after a batch (glibc keeps it otherwise): the Python worker
-    that runs the step then holds its state, not the peak of the last batch."""
-    import ctypes
-    import sys
+# Trim only past this much free heap: a smaller rest is faulted straight back in by the next step.
+TRIM_FREE_BYTES = 64 << 20
 
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:  # not glibc
-            pass
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS after a step that left much of it (glibc keeps it otherwise):
+    the Python worker that runs the steps then holds their state, not the peak of the last batch."""
+    libc = _glibc()
+    if libc is None:
+        return
+    free = _free_heap(libc)
+    if free is None or free >= TRIM_FREE_BYTES:
+        libc.malloc_trim(0)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _glibc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
+def _free_heap(libc: Any) -> int | None:
+    """Free bytes in malloc's heap (glibc >= 2.33), None if it cannot say."""
+    try:
+        info = libc.mallinfo2
+    except AttributeError:
+        return None
+    info.restype = _MallInfo2
+    return int(info().fordblks)
 
 
 def faults_function(cfg: Config) -> Any:

@@ -27,10 +27,13 @@ _NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.bool_(
              pa.float64(): pd.Float64Dtype()}
 
 
-def read_chunks(frames: Iterator[pd.DataFrame]) -> tuple[dict[str, list[pa.Table]], int, int | None]:
+def read_chunks(
+    frames: Iterator[pd.DataFrame], decode: bool = True
+) -> tuple[dict[str, list[pa.Table]], int, int | None]:
     """A key's chunks (``_table``, ``arrow``) by table, the batch's settle point and batch time.
 
-    Dictionary-encoded columns are decoded (the readers send low-cardinality strings that way).
+    With ``decode``, dictionary-encoded columns are decoded (the readers send low-cardinality
+    strings that way).
     """
     out: dict[str, list[pa.Table]] = {}
     settle, now = 0, None
@@ -38,7 +41,8 @@ def read_chunks(frames: Iterator[pd.DataFrame]) -> tuple[dict[str, list[pa.Table
         if not len(frame):
             continue
         for name, blob in zip(frame[ROUTE_COLUMN].tolist(), frame["arrow"].tolist()):
-            out.setdefault(name, []).append(plain(ipc_table(blob)))
+            rows = ipc_table(blob)
+            out.setdefault(name, []).append(plain(rows) if decode else rows)
         if SETTLE in frame.columns:
             settle = max(settle, int(frame[SETTLE].to_numpy().max()))
         if NOW in frame.columns:

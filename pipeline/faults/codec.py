@@ -1,7 +1,10 @@
 """The fault state as one row of Spark's state store, and back.
 
-Tables travel as Arrow IPC streams (:mod:`pipeline.ipc`, zstd): columnar, typed, cheap to write and
-read, and free of Python class paths, so moving a module never breaks a checkpoint (pickle would).
+Tables travel as Arrow IPC streams (:mod:`pipeline.ipc`): columnar, typed, cheap to write and read,
+and free of Python class paths, so moving a module never breaks a checkpoint (pickle would).
+Integer columns are narrowed to offsets from their minimum (:func:`frame.to_arrow`), which makes
+them small enough that compressing them costs more than it saves (Spark compresses its state
+files itself).
 Scalars and the small dictionaries (broker names, client versions, error classes) travel as JSON.
 An empty table travels as no bytes (each key is encoded and decoded every micro-batch).
 A changed layout bumps :data:`STATE_VERSION`; an unknown version fails loudly instead of misreading
@@ -25,7 +28,8 @@ from pipeline.faults.state import FaultState
 from pipeline.faults.windows import WINDOW_SCHEMA
 from pipeline.ipc import ipc_bytes, ipc_table
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: integer columns narrowed, no compression; 1 (zstd) is still read
+_READS = (1, STATE_VERSION)
 # One row for the whole query: the watermark and every cluster's state (see pipeline.faults.fleet).
 # (Array columns in a pandas state schema fail in PySpark 4.3's worker: KeyError 'elementType'.)
 STATE_DDL = "version INT, watermark_ms BIGINT, clusters STRING, states BINARY"
@@ -47,7 +51,7 @@ def encode_state(state: FaultState) -> tuple[Any, ...]:
 # An empty table is stored as no bytes: an IPC stream of no rows still costs ~1.5 kB and ~0.5 ms
 # each way (schema, zstd frames), and most brokers' windows and episodes are empty most batches.
 def _table_blob(cols: Any, schema: Any) -> bytes:
-    return ipc_bytes(to_arrow(cols, schema), compress=True) if nrows(cols) else b""
+    return ipc_bytes(to_arrow(cols, schema, narrow=True)) if nrows(cols) else b""
 
 
 @cache
@@ -63,9 +67,9 @@ def _table(name: str, schema: Any, blob: Any) -> Any:
 
 def decode_state(row: tuple[Any, ...]) -> FaultState:
     version = row[0]
-    if version != STATE_VERSION:
+    if version not in _READS:
         raise ValueError(
-            f"fault state version {version} in the checkpoint; this code reads version {STATE_VERSION}. "
+            f"fault state version {version} in the checkpoint; this code reads versions {_READS}. "
             "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
         )
     header = json.loads(row[1])
@@ -123,9 +127,9 @@ def encode_fleet(fleet: FleetState) -> tuple[Any, ...]:
 
 def decode_fleet(row: Any) -> FleetState:
     version = row[0]
-    if version != STATE_VERSION:
+    if version not in _READS:
         raise ValueError(
-            f"fault state version {version} in the checkpoint; this code reads version {STATE_VERSION}. "
+            f"fault state version {version} in the checkpoint; this code reads versions {_READS}. "
             "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
         )
     names = json.loads(row[2])

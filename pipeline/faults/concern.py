@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import FaultsConfig
 from pipeline.faults.codec import decode_fleet, decode_state, encode_fleet, encode_state
-from pipeline.faults.events import EVENT_COLUMNS, from_arrow_table
+from pipeline.faults.events import EVENT_COLUMNS, Events, from_arrow_table
 from pipeline.faults.fleet import FleetState, fleet_step
 from pipeline.faults.points import POINT_FIELDS
 from pipeline.faults.state import FaultOutputs, FaultState, initial_state, is_empty, step
@@ -96,7 +96,7 @@ class BrokerFaults:
         return send_results(chunks)
 
     def step(self, state: FaultState, events: pa.Table, clock: Clock) -> Stepped[FaultState]:
-        state, out = step(state, from_arrow_table(events), clock.watermark_ms, self.cfg, clock.now_ms,
+        state, out = step(state, Events(events), clock.watermark_ms, self.cfg, clock.now_ms,
                           clock.settle_ms, points=True)
         return Stepped(state, output_tables(out), out.wakeup_ms)
 

@@ -167,9 +167,9 @@ def broker_points(
 
     ``sends`` holds the broker's log rows (:data:`POINT_COLUMNS`) in time order; the windows are
     the ones the quorum counts. A distinct count over a range of rows is the number of rows there
-    whose pair does not come again before the range ends (:func:`next_same`),
-    taken for every tick at once on a (ticks x rows) grid; only the p99s and the error counts of
-    a tick with failures take a step per tick.
+    whose pair does not come again before the range ends (:func:`next_same`), taken for every tick
+    at once (:func:`_distinct`); only the p99s and the error counts of a tick with failures take a
+    step per tick.
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
@@ -201,26 +201,22 @@ def broker_points(
 
 
 def _distinct(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How many distinct ``values`` each range ``[lo[k], hi[k])`` holds (``lo``, ``hi`` ascending)."""
+    """How many distinct ``values`` each range ``[lo[k], hi[k])`` holds (``lo``, ``hi`` ascending).
+
+    Row ``i`` counts for range ``k`` when ``lo[k] <= i < hi[k] <= next_same[i]``: with ascending
+    bounds those ``k`` are consecutive, found by search, and the counts are a sum of intervals.
+    """
     out = np.zeros(len(lo), dtype=np.int64)
-    if not len(values):
+    if not len(values) or not len(lo) or int(hi[-1]) <= int(lo[0]):
         return out
-    nxt = next_same(values)
-    k = 0
-    while k < len(lo):  # a few ticks at a time: the grid stays small when a backlog's ranges are long
-        first = int(lo[k])
-        stop = k + 1
-        while stop < len(lo) and (stop + 1 - k) * (int(hi[stop]) - first) <= _GRID_CELLS:
-            stop += 1
-        last = int(hi[stop - 1])
-        idx = np.arange(first, last)
-        lo_k, hi_k = lo[k:stop, None], hi[k:stop, None]
-        out[k:stop] = ((idx >= lo_k) & (idx < hi_k) & (nxt[first:last] >= hi_k)).sum(axis=1)
-        k = stop
-    return out
-
-
-_GRID_CELLS = 1 << 20  # (ticks x rows) cells per step of _distinct
+    first, last = int(lo[0]), int(hi[-1])
+    i = np.arange(first, last)
+    start = np.searchsorted(hi, i, side="right")  # first range that ends after i
+    stop = np.minimum(np.searchsorted(lo, i, side="right"),  # ranges that start at or before i ...
+                      np.searchsorted(hi, next_same(values)[first:last], side="right"))  # ... and end before its next
+    keep = start < stop
+    bounds = np.bincount(start[keep], minlength=len(lo) + 1) - np.bincount(stop[keep], minlength=len(lo) + 1)
+    return np.cumsum(bounds[:len(lo)])
 
 
 def _distinct_where(values: np.ndarray, where: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -11,13 +11,14 @@ that claim the same Kafka position (possible outside Kafka, e.g. in tests).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from pipeline.faults.coded import Coded
 from pipeline.faults.frame import Cols, build, from_arrow, nrows
 from pipeline.rocketmq import GEN_5, GEN_49, generation_for_client_version, update_args_for
 from pipeline.rocketmq.outcomes import broker_response_code
@@ -63,6 +64,74 @@ def from_arrow_table(table: pa.Table | pa.RecordBatch) -> Cols:
     return from_arrow(table, EVENT_SCHEMA)
 
 
+class Events(Mapping[str, np.ndarray]):
+    """One batch of send results for the step, from Arrow (the readers' chunks) or from columns.
+
+    From Arrow a column becomes numpy when the step first reads it, and only the rows it asks for
+    when it asks for some (an event id is read only where an update can open a window); a string
+    column's :class:`Coded` comes from its dictionary. As a mapping it is the events' columns
+    (:data:`EVENT_SCHEMA`), as :func:`from_arrow_table` would give them.
+    """
+
+    def __init__(self, source: pa.Table | Cols) -> None:
+        self._table = source if isinstance(source, pa.Table) else None
+        self._cols: Cols = {} if isinstance(source, pa.Table) else dict(source)
+        self._coded: dict[str, Coded] = {}
+        self.num_rows = source.num_rows if isinstance(source, pa.Table) else nrows(source)
+
+    def _names(self) -> list[str]:
+        return list(self._cols) if self._table is None else self._table.column_names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cols:
+            if self._table is None or name not in self._table.column_names:
+                raise KeyError(name)
+            self._cols[name] = from_arrow(self._table.select([name]), {name: EVENT_SCHEMA[name]})[name]
+        return self._cols[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def codes(self, name: str, rows: np.ndarray | None = None) -> Coded:
+        """A string column as codes (of the rows at ``rows``, or all)."""
+        coded = self._coded.get(name)
+        if coded is None:
+            if self._table is not None and name not in self._cols:
+                coded = Coded.of_arrow(self._table.column(name))
+            else:
+                coded = Coded.of(self[name])
+            self._coded[name] = coded
+        return coded if rows is None else coded.take(rows)
+
+    def at(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """A column's values at ``rows`` (positions)."""
+        if name in self._cols or self._table is None:
+            return self[name][rows]
+        if name in self._coded:
+            return self._coded[name].take(rows).values()
+        part = pa.table({name: self._table.column(name).take(pa.array(rows, type=pa.int64()))})
+        return from_arrow(part, {name: EVENT_SCHEMA[name]})[name]
+
+    def flags(self, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A nullable boolean column at ``rows``: (where the event gives a value, the value there)."""
+        if name in self._cols or self._table is None:
+            values = self[name][rows]
+            given = np.asarray([v is not None for v in values], dtype=bool) if len(values) else np.zeros(0, bool)
+            value = np.zeros(len(values), dtype=bool)
+            value[given] = np.asarray(values[given], dtype=bool)
+            return given, value
+        column = self._table.column(name)
+        given = column.is_valid().to_numpy(zero_copy_only=False)
+        value = column.fill_null(False).to_numpy(zero_copy_only=False).astype(bool, copy=False)
+        return given[rows], value[rows]
+
+
 def from_frame(frame: pd.DataFrame) -> Cols:
     if len(frame) == 0:
         return build(EVENT_SCHEMA, **{c: [] for c in EVENT_SCHEMA})
@@ -97,30 +166,39 @@ def from_send_results(
     return build(EVENT_SCHEMA, **values)
 
 
-def processing_order(events: Cols) -> np.ndarray:
+def processing_order(events: Mapping[str, np.ndarray]) -> np.ndarray:
     """Positions of ``events`` sorted by (ts, kafka partition, kafka offset, event_id)."""
-    ts, part, off = events["ts_ms"], events["kafka_partition"], events["kafka_offset"]
+    return order_of(events["ts_ms"], events["kafka_partition"], events["kafka_offset"], lambda: events["event_id"])
+
+
+def order_of(ts: np.ndarray, part: np.ndarray, off: np.ndarray, event_ids: Callable[[], np.ndarray]) -> np.ndarray:
+    """:func:`processing_order` of these columns; ``event_ids`` is called only for a tie."""
     order = np.lexsort((off, part, ts))
     if len(order) > 1:
         s_ts, s_part, s_off = ts[order], part[order], off[order]
         same = (s_ts[1:] == s_ts[:-1]) & (s_part[1:] == s_part[:-1]) & (s_off[1:] == s_off[:-1])
         if same.any():  # rare: the same Kafka position twice; order those by event_id
-            ids = np.asarray([str(x) for x in events["event_id"]])
+            ids = np.asarray([str(x) for x in event_ids()])
             order = np.lexsort((ids, off, part, ts))
     return order
 
 
 def generation_codes(versions: np.ndarray) -> np.ndarray:
     """Generation code per event; :data:`BAD_VERSION` where the version cannot be parsed."""
-    codes, uniques = pd.factorize(pd.Series(versions, dtype=object), use_na_sentinel=True)
-    table = np.empty(len(uniques) + 1, dtype=np.int8)
-    table[-1] = BAD_VERSION  # na sentinel -1 indexes the last slot
-    for i, version in enumerate(uniques):
-        try:
-            table[i] = GEN_CODE[generation_for_client_version(version)]
-        except ValueError:
-            table[i] = BAD_VERSION
-    return table[codes]
+    return generations(Coded.of(versions))
+
+
+def generations(versions: Coded) -> np.ndarray:
+    return versions.table(_generation_code, np.int8)
+
+
+def _generation_code(version: str | None) -> int:
+    if version is None:
+        return BAD_VERSION
+    try:
+        return GEN_CODE[generation_for_client_version(version)]
+    except ValueError:
+        return BAD_VERSION
 
 
 def update_arguments(
@@ -132,44 +210,55 @@ def update_arguments(
     Computed once per distinct (generation, status, error) and spread back; an event's own
     ``isolation``/``reachable`` fields win, as in :func:`pipeline.rocketmq.update_args_for`.
     """
+    if len(gen) == 0:
+        return np.zeros(0, dtype=bool), np.ones(0, dtype=bool)
+    failed_error = np.where(status == "FAILED", error, None)  # type: ignore[call-overload]  # numpy's stubs read a None value as the omitted argument
+    iso, reach = rule_arguments(gen, Coded.of(status), Coded.of(failed_error), detector_enabled)
+    cols = Events({"isolation": isolation, "reachable": reachable})
+    rows = np.arange(len(gen))
+    return given(iso, *cols.flags("isolation", rows)), given(reach, *cols.flags("reachable", rows))
+
+
+def rule_arguments(gen: np.ndarray, status: Coded, failed_error: Coded, detector_enabled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`update_arguments` by the rules alone (not the events' own fields); ``failed_error``:
+    the error of a failed send, null otherwise."""
     n = len(gen)
     iso = np.zeros(n, dtype=bool)
     reach = np.ones(n, dtype=bool)
     if n == 0:
         return iso, reach
-    s_codes, s_uniques = pd.factorize(pd.Series(status, dtype=object))
-    failed_error = np.where(status == "FAILED", error, None)  # type: ignore[call-overload]  # numpy's stubs read a None value as the omitted argument
-    e_codes, e_uniques = pd.factorize(pd.Series(failed_error, dtype=object), use_na_sentinel=True)
-    combined = (gen.astype(np.int64) + 1) * (len(s_uniques) * (len(e_uniques) + 1)) + s_codes * (
-        len(e_uniques) + 1) + (e_codes + 1)
+    s_codes, e_codes = status.codes, failed_error.codes
+    n_errors = len(failed_error.words)
+    combined = (gen.astype(np.int64) + 1) * (len(status.words) * (n_errors + 1)) + s_codes * (n_errors + 1) + (e_codes + 1)
     keys, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
     looked = np.empty((len(keys), 2), dtype=bool)
     for k, i in enumerate(first.tolist()):
         g = int(gen[i])
-        err = e_uniques[e_codes[i]] if e_codes[i] >= 0 else None
-        looked[k] = update_args_for(GEN_NAMES[g], status[i], err, detector_enabled) if g >= 0 else (False, True)
+        st: Any = status.words[s_codes[i]] if s_codes[i] >= 0 else None
+        err = failed_error.words[e_codes[i]] if e_codes[i] >= 0 else None
+        looked[k] = update_args_for(GEN_NAMES[g], st, err, detector_enabled) if g >= 0 else (False, True)
     iso[:] = looked[inverse, 0]
     reach[:] = looked[inverse, 1]
-    given_iso = np.asarray([v is not None for v in isolation], dtype=bool) if n else iso
-    given_reach = np.asarray([v is not None for v in reachable], dtype=bool) if n else reach
-    if given_iso.any():
-        iso[given_iso] = np.asarray(isolation[given_iso], dtype=bool)
-    if given_reach.any():
-        reach[given_reach] = np.asarray(reachable[given_reach], dtype=bool)
     return iso, reach
+
+
+def given(derived: np.ndarray, present: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """``derived`` where the event says nothing, the event's own ``value`` where it is ``present``."""
+    return np.where(present, value, derived)
 
 
 def fault_enabled(values: np.ndarray, default: bool) -> np.ndarray:
     """Each event's ``send_latency_fault_enable``, the configured fleet default where it is null."""
-    out = np.full(len(values), default, dtype=bool)
-    given = np.asarray([v is not None for v in values], dtype=bool) if len(values) else out
-    if given.any():
-        out[given] = np.asarray(values[given], dtype=bool)
-    return out
+    flags = Events({"send_latency_fault_enable": values}).flags("send_latency_fault_enable", np.arange(len(values)))
+    return given(np.full(len(values), default, dtype=bool), *flags)
 
 
 def status_codes(status: np.ndarray) -> np.ndarray:
-    return pd.Series(status, dtype=object).map(STATUS_CODE).fillna(-1).to_numpy(dtype=np.int8)
+    return statuses(Coded.of(status))
+
+
+def statuses(status: Coded) -> np.ndarray:
+    return status.table(lambda s: STATUS_CODE.get(s, -1), np.int8)
 
 
 _TAG_RE = re.compile(r"\[([A-Z][A-Z_]*)\]")
@@ -199,15 +288,10 @@ def error_class(error: str | None) -> str:
 
 
 def error_classes(errors: np.ndarray) -> np.ndarray:
-    codes, uniques = pd.factorize(pd.Series(errors, dtype=object), use_na_sentinel=True)
-    table = np.empty(len(uniques) + 1, dtype=object)
-    table[-1] = UNKNOWN_ERROR
-    for i, err in enumerate(uniques):
-        table[i] = error_class(err)
-    return table[codes]
+    return Coded.of(errors).map(error_class).values()
 
 
-def reencode(events: Cols, rows: Iterable[int]) -> list[bytes]:
+def reencode(events: Mapping[str, np.ndarray], rows: Iterable[int]) -> list[bytes]:
     """The JSON of each event, as the send hook would have written it (for quarantine rows)."""
     out = []
     for i in rows:

@@ -67,15 +67,35 @@ def build(schema: Schema, **values: Any) -> Cols:
     return {name: column(values[name], dtype, n) for name, dtype in schema.items()}
 
 
-def to_arrow(cols: Cols, schema: Schema) -> pa.RecordBatch:
-    arrays = []
+# Field metadata of a narrowed integer column (to_arrow's ``narrow``): the minimum it is stored from.
+BASE = b"base"
+_UNSIGNED = tuple((t, int(np.iinfo(t).max)) for t in (np.uint8, np.uint16, np.uint32))
+
+
+def to_arrow(cols: Cols, schema: Schema, narrow: bool = False) -> pa.RecordBatch:
+    """``cols`` as Arrow; ``narrow`` stores integer columns as offsets from their minimum in the
+    smallest unsigned type that holds them (a state's columns mostly span small ranges: a fraction
+    of the bytes to write, compress and read), the minimum in the field's metadata."""
+    arrays, fields = [], []
     for name, dtype in schema.items():
-        values = cols[name]
-        if dtype == "object":
-            arrays.append(pa.array(values, from_pandas=True))
-        else:
-            arrays.append(pa.array(values))
-    return pa.RecordBatch.from_arrays(arrays, names=list(schema))
+        values, meta = cols[name], None
+        if narrow and dtype in ("int64", "int32") and len(values):
+            values, meta = _narrowed(values)
+        array = pa.array(values, from_pandas=True) if dtype == "object" else pa.array(values)
+        arrays.append(array)
+        fields.append(pa.field(name, array.type, metadata=meta))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _narrowed(values: np.ndarray) -> tuple[np.ndarray, dict[bytes, bytes] | None]:
+    low = int(values.min())
+    span = int(values.max()) - low
+    for unsigned, top in _UNSIGNED:
+        if span <= top:
+            out = np.empty(len(values), dtype=unsigned)
+            np.subtract(values, low, out=out, casting="unsafe")  # each difference fits: exact
+            return out, {BASE: str(low).encode()}
+    return values, None
 
 
 def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema) -> Cols:
@@ -99,7 +119,12 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema) -> Cols:
             values = col.to_numpy(zero_copy_only=False)
             out[name] = values if values.dtype == object else values.astype(object)
         else:
-            out[name] = col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+            values = col.to_numpy(zero_copy_only=False)
+            meta = table.schema.field(name).metadata
+            if meta and BASE in meta:  # narrowed by to_arrow
+                values = values.astype(dtype)
+                values += np.asarray(int(meta[BASE]), dtype=dtype)
+            out[name] = values.astype(dtype, copy=False)
     return out
 
 

@@ -18,6 +18,8 @@ import pandas as pd
 from pipeline.config import FaultsConfig
 from pipeline.faults import events as ev
 from pipeline.faults import pairs
+from pipeline.faults.coded import NULL, Coded
+from pipeline.faults.events import Events
 from pipeline.faults.frame import Cols, concat, nrows
 from pipeline.rocketmq import GENERATIONS
 from pipeline.rocketmq.windows_np import durations_array
@@ -27,16 +29,15 @@ MAX_ERROR_CLASSES = 1000
 OTHER_ERROR = "other"
 
 
-def encode(values: np.ndarray, names: tuple[str, ...], cap: int | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
+def encode(values: Coded, names: tuple[str, ...], cap: int | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
     """Codes of ``values`` in the dictionary ``names``, extended with new values (up to ``cap``).
 
     New values are added in sorted order, so the codes do not depend on the order of the rows
     (a replayed batch may deliver them in another order).
     """
-    codes, uniques = pd.factorize(pd.Series(values, dtype=object))
     index = {name: i for i, name in enumerate(names)}
     grown = list(names)
-    for value in sorted(v for v in uniques if v not in index):
+    for value in sorted(v for v in values.words.tolist() if v not in index):
         if cap is not None and len(grown) >= cap:
             if OTHER_ERROR not in index:
                 index[OTHER_ERROR] = len(grown)
@@ -45,11 +46,19 @@ def encode(values: np.ndarray, names: tuple[str, ...], cap: int | None = None) -
             continue
         index[value] = len(grown)
         grown.append(value)
-    table = np.asarray([index[v] for v in uniques], dtype=np.int32)
-    return table[codes] if len(codes) else np.empty(0, dtype=np.int32), tuple(grown)
+    table = np.asarray([index[v] for v in values.words.tolist()], dtype=np.int32)
+    return table[values.codes] if len(values.codes) else np.empty(0, dtype=np.int32), tuple(grown)
 
 
-def quarantine(events: Cols, rows: np.ndarray, reason: str, detail: Any) -> list[dict[str, Any]]:
+def _joint(known: np.ndarray, new: Coded) -> tuple[np.ndarray, int]:
+    """Codes of the values ``known`` and then of ``new``'s rows in one numbering; how many values."""
+    codes, uniques = pd.factorize(pd.Series(known, dtype=object))
+    index = {value: i for i, value in enumerate(uniques.tolist())}
+    pos = np.asarray([index.setdefault(w, len(index)) for w in new.words.tolist()] + [NULL], dtype=np.int64)
+    return np.concatenate([codes, pos[new.codes]]).astype(np.int64), len(index)
+
+
+def quarantine(events: Events, rows: np.ndarray, reason: str, detail: Any) -> list[dict[str, Any]]:
     raw = ev.reencode(events, rows.tolist())
     out = []
     for k, i in enumerate(rows.tolist()):
@@ -69,11 +78,11 @@ def quarantine(events: Cols, rows: np.ndarray, reason: str, detail: Any) -> list
 
 
 def screen(
-    state: Any, events: Cols, watermark_ms: int, cfg: FaultsConfig, now_ms: int | None
+    state: Any, events: Events, watermark_ms: int, cfg: FaultsConfig, now_ms: int | None
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """(accepted rows, their generation codes, quarantine rows) of a batch."""
-    n = nrows(events)
-    gen = ev.generation_codes(events["client_version"]) if n else np.empty(0, dtype=np.int8)
+    n = events.num_rows
+    gen = ev.generations(events.codes("client_version")) if n else np.empty(0, dtype=np.int8)
     ts = events["ts_ms"]
     bad = gen == ev.BAD_VERSION
     late = ~bad & (ts <= watermark_ms)
@@ -94,20 +103,19 @@ def screen(
 
 
 def register(
-    state: Any, events: Cols, rows: np.ndarray, cfg: FaultsConfig
+    state: Any, events: Events, rows: np.ndarray, cfg: FaultsConfig
 ) -> tuple[Cols, tuple[str, ...], np.ndarray, np.ndarray, int]:
     """Pair ids of ``rows`` (new pairs added); rows refused by the per-broker limit get id -1."""
-    broker_codes, brokers = encode(events["broker_name"][rows], state.brokers)
+    broker_codes, brokers = encode(events.codes("broker_name", rows), state.brokers)
     table = state.pairs
     if len(rows) == 0:
         return table, brokers, np.empty(0, dtype=np.int64), broker_codes, state.next_pair
     n_old = nrows(table)
-    groups, g_names = pd.factorize(pd.Series(np.concatenate([table["producer_group"], events["producer_group"][rows]]),
-                                             dtype=object))
-    clients, c_names = pd.factorize(pd.Series(np.concatenate([table["client_id"], events["client_id"][rows]]),
-                                              dtype=object))
+    group, client = events.codes("producer_group", rows), events.codes("client_id", rows)
+    groups, n_groups = _joint(table["producer_group"], group)
+    clients, n_clients = _joint(table["client_id"], client)
     brokers_all = np.concatenate([table["broker"].astype(np.int64), broker_codes.astype(np.int64)])
-    key = (brokers_all * len(g_names) + groups) * len(c_names) + clients
+    key = (brokers_all * n_groups + groups) * n_clients + clients
     uniq, first, codes = np.unique(key[n_old:], return_index=True, return_inverse=True)
     old_keys = key[:n_old]
     sorter = np.argsort(old_keys)
@@ -115,14 +123,13 @@ def register(
     pos = np.minimum(pos, max(n_old - 1, 0))
     found = (old_keys[sorter[pos]] == uniq) if n_old else np.zeros(len(uniq), dtype=bool)
     unique_ids = np.where(found, table["pair"][sorter[pos]] if n_old else NONE, NONE).astype(np.int64)
-    row_of = rows[first]  # a representative event row per unique pair
+    group_of, client_of = group.words[group.codes[first]], client.words[client.codes[first]]  # per unique pair
     missing = np.flatnonzero(~found)
     per_broker = np.bincount(table["broker"], minlength=len(brokers)).tolist() if n_old else []
     per_broker += [0] * (len(brokers) - len(per_broker))
     next_pair = state.next_pair
     added: list[int] = []
-    names = [(brokers[int(broker_codes[first[i]])], events["producer_group"][row_of[i]], events["client_id"][row_of[i]])
-             for i in missing.tolist()]
+    names = [(brokers[int(broker_codes[first[i]])], group_of[i], client_of[i]) for i in missing.tolist()]
     for _, i in sorted(zip(names, missing.tolist())):
         b = int(broker_codes[first[i]])
         if per_broker[b] >= cfg.max_producers_per_broker:
@@ -133,49 +140,50 @@ def register(
         next_pair += 1
     if added:
         idx = np.asarray(added)
-        new = pairs.new_pairs(
-            unique_ids[idx], broker_codes[first[idx]],
-            events["producer_group"][row_of[idx]], events["client_id"][row_of[idx]],
-        )
+        new = pairs.new_pairs(unique_ids[idx], broker_codes[first[idx]], group_of[idx], client_of[idx])
         table = concat(table, new)
     ids = unique_ids[codes].astype(np.int64) if len(codes) else np.empty(0, dtype=np.int64)
     return table, brokers, ids, broker_codes, next_pair
 
 
 def new_log(
-    state: Any, events: Cols, rows: np.ndarray, gen: np.ndarray, ids: np.ndarray,
+    state: Any, events: Events, rows: np.ndarray, gen: np.ndarray, ids: np.ndarray,
     broker_codes: np.ndarray, cfg: FaultsConfig,
 ) -> tuple[Cols, tuple[str, ...], tuple[str, ...]]:
     """Log rows of the accepted events, in processing order, with serials."""
-    keys = {name: events[name][rows] for name in ("ts_ms", "kafka_partition", "kafka_offset", "event_id")}
-    order = ev.processing_order(keys)
+    ts, part, off = (events[name][rows] for name in ("ts_ms", "kafka_partition", "kafka_offset"))
+    order = ev.order_of(ts, part, off, lambda: events.at("event_id", rows))
     idx = rows[order]
-    needed = ("ts_ms", "kafka_partition", "kafka_offset", "event_id", "status", "error", "isolation", "reachable",
-              "client_version", "latency_ms", "send_latency_fault_enable")
-    sub = {name: events[name][idx] for name in needed}
+    ts, part, off, latency = ts[order], part[order], off[order], events["latency_ms"][idx]
     gen, ids, broker_codes = gen[order], ids[order], broker_codes[order]
     n = len(order)
-    iso, reach = ev.update_arguments(gen, sub["status"], sub["error"], sub["isolation"], sub["reachable"],
-                                     cfg.detector_enabled)
-    status = ev.status_codes(sub["status"])
-    failed = status == ev.FAILED
-    failed_errors: np.ndarray = np.where(failed, sub["error"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
-    err, errors = encode(ev.error_classes(failed_errors), state.errors, MAX_ERROR_CLASSES)
-    version, versions = encode(sub["client_version"], state.versions)
+    status, error = events.codes("status", idx), events.codes("error", idx)
+    codes = ev.statuses(status)
+    failed = codes == ev.FAILED
+    failed_error = Coded(np.where(failed, error.codes, NULL), error.words).compact()
+    iso, reach = ev.rule_arguments(gen, status, failed_error, cfg.detector_enabled)
+    iso = ev.given(iso, *events.flags("isolation", idx))
+    reach = ev.given(reach, *events.flags("reachable", idx))
+    err, errors = encode(failed_error.map(ev.error_class), state.errors, MAX_ERROR_CLASSES)
+    version, versions = encode(events.codes("client_version", idx), state.versions)
     triggers = np.zeros(n, dtype=bool)
     for code, name in enumerate(ev.GEN_NAMES):
         mine = gen == code
         if mine.any():
-            triggers[mine] = durations_array(GENERATIONS[name], sub["latency_ms"][mine], iso[mine]) > 0
-    event_id: np.ndarray = np.where(triggers, sub["event_id"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
-    error: np.ndarray = np.where(triggers, sub["error"], None)  # type: ignore[assignment]  # numpy's stubs read a None value as the omitted argument
+            triggers[mine] = durations_array(GENERATIONS[name], latency[mine], iso[mine]) > 0
+    # the event id and error of an update that can open a window (a window row names them)
+    hot = np.flatnonzero(triggers)
+    event_id, error_text = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
+    event_id[hot] = events.at("event_id", idx[hot])
+    error_text[hot] = error.take(hot).values()
+    enable = ev.given(np.full(n, cfg.default_send_latency_fault_enable, dtype=bool),
+                      *events.flags("send_latency_fault_enable", idx))
     log = {
         "serial": state.next_serial + np.arange(n, dtype=np.int64),
-        "ts": sub["ts_ms"], "part": sub["kafka_partition"], "off": sub["kafka_offset"], "pair": ids,
-        "broker": broker_codes.astype(np.int32), "latency": sub["latency_ms"], "iso": iso, "reach": reach,
-        "gen": gen.astype(np.int8), "enable": ev.fault_enabled(sub["send_latency_fault_enable"],
-                                                                cfg.default_send_latency_fault_enable),
-        "status": status, "version": version, "err": err, "failed": failed, "hot": triggers,
-        "event_id": event_id.astype(object), "error": error.astype(object), "folded": np.zeros(n, dtype=bool),
+        "ts": ts, "part": part, "off": off, "pair": ids,
+        "broker": broker_codes.astype(np.int32), "latency": latency, "iso": iso, "reach": reach,
+        "gen": gen.astype(np.int8), "enable": enable,
+        "status": codes, "version": version, "err": err, "failed": failed, "hot": triggers,
+        "event_id": event_id, "error": error_text, "folded": np.zeros(n, dtype=bool),
     }
     return {name: np.asarray(log[name], dtype=dtype) for name, dtype in pairs.LOG_SCHEMA.items()}, versions, errors

@@ -151,18 +151,32 @@ def fold(pairs: Cols, log: Cols, wins: Cols, brokers: tuple[str, ...], watermark
     rows = pair_rows(pairs, ids)
     names = [brokers[b] for b in pairs["broker"][rows].tolist()]
     bases = rows_to_tracks(names, pairs, "b_", rows)
+    quiet = _quiet(pairs, rows, "b_").tolist()
     out = []
-    for track, lo, hi in zip(bases, starts.tolist(), ends.tolist()):
-        track = apply_events(track, *_args(log, due[lo:hi]))
+    for track, lo, hi, calm in zip(bases, starts.tolist(), ends.tolist(), quiet):
+        run = due[lo:hi]
+        track = apply_events(track, *_args(log, run[_first_hot(log, run) if calm else 0:]))
         out.append(advance(track, watermark_ms))
     _write_tracks(pairs, rows, out, "b_")
 
 
-def _quiet(pairs: Cols, rows: np.ndarray) -> np.ndarray:
-    """Heads with no window open and no pending group about to open one."""
-    start, group = pairs["h_item_start"][rows], pairs["h_group_ts"][rows]
+def _quiet(pairs: Cols, rows: np.ndarray, prefix: str = "h_") -> np.ndarray:
+    """Tracks (heads, or bases with ``prefix`` "b_") with no window open and no pending group
+    about to open one."""
+    start, group = pairs[prefix + "item_start"][rows], pairs[prefix + "group_ts"][rows]
     settled = (start == NONE) | (group == NONE) | (start <= group)
-    return (pairs["h_win_start"][rows] == NONE) & settled
+    return (pairs[prefix + "win_start"][rows] == NONE) & settled
+
+
+def _first_hot(log: Cols, run: np.ndarray) -> int:
+    """Where a quiet track's run of updates (in order, all later than the track's) starts to matter.
+
+    Updates of duration 0 keep a quiet track quiet and change no window; the first update that
+    can open one then leaves the track exactly as if they had been applied (its avoid-until time,
+    item and changer are its own). So they are skipped up to it; with none, nothing is skipped.
+    """
+    hot = log["hot"][run]
+    return int(hot.argmax()) if hot.any() else 0
 
 
 def _after(ts: np.ndarray, part: np.ndarray, off: np.ndarray, pairs: Cols, rows: np.ndarray) -> np.ndarray:
@@ -188,12 +202,13 @@ def apply_new(
     # window can result; the head's item is left as it was (equivalent from a quiescent point, see
     # fold) and only its last key moves.
     cold = np.add.reduceat(new["hot"][order].astype(np.int64), starts) == 0
-    skip = cold & _quiet(pairs, rows) & _after(new["ts"][first], new["part"][first], new["off"][first], pairs, rows)
+    quiet = _quiet(pairs, rows)
+    skip = cold & quiet & _after(new["ts"][first], new["part"][first], new["off"][first], pairs, rows)
     if skip.any():
         r, j = rows[skip], last[skip]
         pairs["head_ts"][r], pairs["head_part"][r], pairs["head_off"][r] = new["ts"][j], new["part"][j], new["off"][j]
     keep = ~skip
-    starts, ends, ids, rows = starts[keep], ends[keep], ids[keep], rows[keep]
+    starts, ends, ids, rows, calm = starts[keep], ends[keep], ids[keep], rows[keep], quiet[keep].tolist()
     if len(rows) == 0:
         return []
     names = [brokers[b] for b in pairs["broker"][rows].tolist()]
@@ -212,7 +227,7 @@ def apply_new(
         # A strictly later timestamp continues the head. The same timestamp as the head's pending
         # group may change what that group showed (a window can vanish): replay, like out of order.
         if first[0] > head_key[k][0]:
-            track = apply_events(heads[k], *_args(new, sel), seen=seen)
+            track = apply_events(heads[k], *_args(new, sel[_first_hot(new, sel) if calm[k] else 0:]), seen=seen)
             rewound = False
             last = (int(new["ts"][sel[-1]]), int(new["part"][sel[-1]]), int(new["off"][sel[-1]]))
         else:

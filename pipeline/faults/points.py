@@ -26,6 +26,7 @@ from pipeline.faults.frame import Cols
 # The integer fields of a Point, then p99; bucket_errors travels as JSON.
 COUNTS = ("avoiding", "active", "sends", "failures", "failing", "slow", "bucket_sends", "bucket_failures")
 HEADER = -1  # the tick of the row that only says "my forecast from here on is this emission"
+_NO_ERRORS = json.dumps({})
 
 
 def forecasts(
@@ -45,9 +46,6 @@ def forecasts(
     slack = int(cfg.episode_close_after_s * 1000) + interval
     wanted = np.asarray(codes, dtype=np.int64)
     mine = np.isin(log["broker"], wanted)
-    heads = np.full(len(wanted), HEADER, dtype=np.int64)
-    if mine.any():  # each broker's latest send, whether within reach or not
-        np.maximum.at(heads, np.searchsorted(wanted, log["broker"][mine]), log["ts"][mine])
     rows = np.flatnonzero(mine & (log["ts"] > after - reach))
     order = rows[log["ts"][rows].argsort(kind="stable")]
     order = order[ep_mod.stable_argsort(log["broker"][order])]
@@ -58,10 +56,10 @@ def forecasts(
     live = wins["end"] > after
     out: list[dict[str, Any]] = []
     for k, code in enumerate(wanted.tolist()):
-        broker, head = names[code], int(heads[k])
-        out.append(_row(cluster, broker, after, head, HEADER, ep_mod.Point(), False))
         block = slice(int(starts[k]), int(stops[k]))
-        ts = recent["ts"][block]
+        ts = recent["ts"][block]  # in time order
+        broker, head = names[code], int(ts[-1]) if len(ts) else _latest(log, code)
+        out.append(_row(cluster, broker, after, head, HEADER, ep_mod.Point(), False))
         mine_live = live & (wins["broker"] == code)
         if not len(ts) and not mine_live.any():
             continue
@@ -77,11 +75,17 @@ def forecasts(
     return out
 
 
+def _latest(log: Cols, code: int) -> int:
+    """The broker's latest send (none within reach); HEADER if the log has none."""
+    ts = log["ts"][log["broker"] == code]
+    return int(ts.max()) if len(ts) else HEADER
+
+
 def _row(cluster: str, broker: str, after: int, head: int, tick: int, p: ep_mod.Point, seen: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"cluster": cluster, "broker_name": broker, "from_ms": after, "head_ms": head, "tick": tick}
     row.update({name: int(getattr(p, name)) for name in COUNTS})
     row["p99"] = float(p.p99)
-    row["bucket_errors"] = json.dumps(dict(p.bucket_errors), sort_keys=True)
+    row["bucket_errors"] = json.dumps(dict(p.bucket_errors), sort_keys=True) if p.bucket_errors else _NO_ERRORS
     row["seen"] = seen
     return row
 

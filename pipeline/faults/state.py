@@ -113,7 +113,7 @@ class _Facts:
 
 def step(
     state: FaultState,
-    events: Cols,
+    events: Cols | ev.Events,
     watermark_ms: int,
     cfg: FaultsConfig,
     now_ms: int | None = None,
@@ -131,6 +131,8 @@ def step(
     are not decided here: the step writes the grid points (:mod:`pipeline.faults.points`) of each
     broker that got events in this batch, for :mod:`pipeline.faults.cluster` to decide on.
     """
+    if not isinstance(events, ev.Events):
+        events = ev.Events(events)
     wm = max(int(watermark_ms), state.watermark_ms)
     settle = max(wm, int(advance_to_ms)) if advance_to_ms is not None else wm
     ok, gen, quarantine = intake.screen(state, events, wm, cfg, now_ms)
@@ -143,7 +145,7 @@ def step(
         ok, gen, ids, broker_codes = ok[~refused], gen[~refused], ids[~refused], broker_codes[~refused]
     new, versions, errors = intake.new_log(state, events, ok, gen, ids, broker_codes, cfg)
     table = {name: values.copy() for name, values in table.items()}
-    log = {name: values.copy() for name, values in state.log.items()}
+    log = {**state.log, "folded": state.log["folded"].copy()}  # the one column fold writes to
     pairs.fold(table, log, state.windows, brokers, wm)
     updates = pairs.apply_new(table, log, new, brokers, wm)
     if nrows(new):

@@ -91,3 +91,38 @@ def test_arrow_input_with_dictionary_encoded_strings_gives_the_same_columns() ->
     want, got = from_arrow_table(plain), from_arrow_table(encoded)
     for c in EVENT_COLUMNS:
         assert list(map(repr, got[c].tolist())) == list(map(repr, want[c].tolist())), c  # repr: nan == nan
+
+
+def test_events_from_dictionary_encoded_arrow_read_as_from_columns() -> None:
+    """What the step reads of a batch (columns, codes, some rows, flags) is the same whether the
+    batch comes as columns or as the readers' chunks, each with its own dictionaries."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.faults.concern import event_schema
+    from pipeline.faults.events import EVENT_COLUMNS, Events
+    from streaming.feeds import FAULT_DICTIONARY as FEED_DICTIONARY
+
+    events = random_stream(6, producers=6, brokers=3, events=400, span_ms=60_000)
+    cols = from_send_results(events)
+    plain = pa.table({c: pa.array(list(cols[c]), event_schema().field(c).type) for c in EVENT_COLUMNS})
+    encoded = pa.concat_tables([
+        pa.table({c: pc.dictionary_encode(h.column(c)) if c in FEED_DICTIONARY else h.column(c) for c in EVENT_COLUMNS})
+        for h in (plain.slice(0, 150), plain.slice(150, 0), plain.slice(150))
+    ])
+    rows = np.flatnonzero(np.arange(len(events)) % 3 == 1)
+    for got in (Events(encoded), Events(plain)):
+        want = Events(cols)
+        assert got.num_rows == want.num_rows and list(got) == list(want) and "error" in got
+        for c in ("broker_name", "producer_group", "client_id", "client_version", "status", "error"):
+            for r in (None, rows):
+                coded, expected = got.codes(c, r), want.codes(c, r)
+                assert coded.values().tolist() == expected.values().tolist(), c
+                assert sorted(coded.words.tolist()) == sorted(expected.words.tolist()), c  # only the values used
+            assert got.at(c, rows).tolist() == cols[c][rows].tolist()
+        for c in ("event_id", "ts_ms", "latency_ms"):
+            assert got.at(c, rows).tolist() == cols[c][rows].tolist()
+            assert got[c].tolist() == cols[c].tolist()
+        for c in ("isolation", "reachable", "send_latency_fault_enable"):
+            assert [a.tolist() for a in got.flags(c, rows)] == [a.tolist() for a in want.flags(c, rows)]
+            assert got.flags(c, rows)[0].any() and not got.flags(c, rows)[0].all(), c

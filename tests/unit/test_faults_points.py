@@ -83,10 +83,13 @@ def test_points_at_splits_the_log_by_broker(seed: int) -> None:
         assert [per_tick[b] for per_tick in got] == plain_points(log, wins, b, cfg)[0]
 
 
-def test_long_ranges_are_counted_in_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A backlog's long ranges go through the (ticks x rows) grid a few ticks at a time."""
-    rng = np.random.default_rng(1)
-    log, wins = random_log(rng, 3000, 10, 200)
-    whole = broker_points(TICKS, log, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig())
-    monkeypatch.setattr(ep_mod, "_GRID_CELLS", 500)
-    assert broker_points(TICKS, log, wins["start"], wins["end"], wins["pair"], ERRORS, FaultsConfig()) == whole
+@pytest.mark.parametrize("seed", range(6))
+def test_distinct_counts_per_range_equal_a_set_per_range(seed: int) -> None:
+    """Ascending bounds as the ticks give them: repeated, empty and backlog-long ranges."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 1 + 3 * seed, 500)
+    lo = np.sort(rng.integers(0, 501, 40))
+    hi = np.maximum(lo, np.sort(rng.integers(0, 501, 40)))
+    hi = np.maximum.accumulate(hi)
+    want = [len(set(values[a:b].tolist())) for a, b in zip(lo.tolist(), hi.tolist())]
+    assert ep_mod._distinct(values, lo, hi).tolist() == want

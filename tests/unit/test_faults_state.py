@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import from_send_results, initial_state, is_empty, step
@@ -115,3 +116,32 @@ def test_a_batch_of_many_producers_runs_both_paths_consistently() -> None:
     events = from_send_results(random_stream(17, producers=40, brokers=5, events=4000))
     state, out = step(initial_state("c1"), events, 0, CFG)
     assert out.windows and np.all(np.diff(state.pairs["pair"]) > 0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_skipping_what_cannot_matter_leaves_every_track_as_applying_it_would(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quiet track skips the updates of duration 0 before its first one that can open a window
+    (pairs._first_hot): batch after batch, the state and the rows equal those of applying all."""
+    from pipeline.faults import pairs
+
+    events = from_send_results(random_stream(seed, producers=10, brokers=3, events=4000, span_ms=300_000))
+    ts = events["ts_ms"]
+    runs, skipped = [], []
+    first_hot = pairs._first_hot
+
+    def counted(log: dict[str, np.ndarray], run: np.ndarray) -> int:
+        skipped.append(first_hot(log, run))
+        return skipped[-1]
+
+    for skipping in (True, False):
+        monkeypatch.setattr(pairs, "_first_hot", counted if skipping else lambda log, run: 0)
+        state, rows, watermark = initial_state("c1"), [], 0
+        for lo in range(int(ts.min()), int(ts.max()) + 1, 20_000):
+            state, out = step(state, take(events, (ts >= lo) & (ts < lo + 20_000)), watermark, CFG, None, lo + 20_000 - 5_000)
+            watermark = lo + 20_000 - 5_000
+            rows.append((out.windows, out.episodes, out.health))
+        runs.append((rows, {k: v.tolist() for k, v in state.pairs.items()}))
+    assert runs[0] == runs[1]
+    assert any(windows for windows, _, _ in runs[0][0]) and sum(k > 0 for k in skipped) > 10

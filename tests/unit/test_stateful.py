@@ -59,7 +59,8 @@ def test_ipc_round_trip_keeps_types_and_nulls_and_compression_is_smaller() -> No
     assert len(ipc_bytes(rows, compress=True)) < len(ipc_bytes(rows)) / 5
 
 
-def test_broker_faults_through_the_contract_write_what_the_pure_step_writes() -> None:
+@pytest.mark.parametrize("decode", [False, True])  # False: dictionary codes, as the combined query reads them
+def test_broker_faults_through_the_contract_write_what_the_pure_step_writes(decode: bool) -> None:
     cfg = FaultsConfig()
     events = from_send_results(random_stream(3, producers=8, brokers=1, events=1500, span_ms=300_000))
     ts = events["ts_ms"]
@@ -71,8 +72,9 @@ def test_broker_faults_through_the_contract_write_what_the_pure_step_writes() ->
         lo, settle = hi, hi - DELAY
         chunks = fault_feed(bronze_table(part).drop_columns([ROUTE_COLUMN]), EVENT_COLUMNS, cfg.shards)
         frame = reader_frame(chunks, settle, hi)
-        tables, got_settle, now = read_chunks(iter([frame]))
+        tables, got_settle, now = read_chunks(iter([frame]), decode)
         assert (got_settle, now) == (settle, hi)
+        assert pa.types.is_dictionary(tables["send_results"][0].schema.field("status").type) != decode
         state = group_state(row, watermark)
         clock = event_clock(state, settle, now)
         got = step_key(concern, "c1", state, concern.events(tables), clock)
@@ -192,3 +194,23 @@ def test_the_clock_of_a_timed_out_key_has_no_batch(watermark: int) -> None:
     timed_out = event_clock(group_state(None, watermark, timed_out=True), T0 + 5, T0)
     assert timed_out == Clock(watermark, watermark, None, True)
     assert event_clock(group_state(None, watermark), T0 - 5, T0) == Clock(watermark, max(watermark, T0 - 5), T0)
+
+
+def test_freed_heap_goes_back_to_the_os_only_when_a_step_left_much(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streaming import faults_query
+
+    trims: list[int] = []
+
+    class Libc:
+        def malloc_trim(self, pad: int) -> None:
+            trims.append(pad)
+
+    monkeypatch.setattr(faults_query, "_glibc", lambda: Libc())
+    for free, count in ((faults_query.TRIM_FREE_BYTES - 1, 0), (faults_query.TRIM_FREE_BYTES, 1), (None, 2)):
+        monkeypatch.setattr(faults_query, "_free_heap", lambda libc, free=free: free)
+        faults_query.release_memory()
+        assert len(trims) == count
+    monkeypatch.undo()
+    libc = faults_query._glibc()
+    assert libc is None or isinstance(faults_query._free_heap(libc), (int, type(None)))
+    faults_query.release_memory()
