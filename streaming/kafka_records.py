@@ -31,24 +31,13 @@ import kafka.errors as Errors
 from kafka.consumer.fetcher import ConsumerRecord, Fetcher
 from kafka.record.default_records import DefaultRecordBatch
 
+from streaming.kafka_batches import unpack_plain
+from streaming.kafka_batches import uvarint as _uvarint
+
 log = logging.getLogger(__name__)
 
 _new = tuple.__new__
 _REQUIRED = ("_buffer", "_pos", "_header_data", "_maybe_uncompress", "validate_crc", "is_control_batch")
-
-
-def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    """An unsigned varint of two or more bytes at ``pos``: (value, next position)."""
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise Errors.CorruptRecordError("varint longer than 10 bytes")
 
 
 class FastPartitionRecords(Fetcher.PartitionRecords):
@@ -70,20 +59,30 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                         f"Record batch for partition {tp} at offset {batch.base_offset} failed crc check"
                     )
                 if batch.magic != 2:
+                    yield from self._flush()
                     yield from self._unpack_legacy(tp, batch)
                 elif batch.is_control_batch:
+                    yield from self._flush()
                     self.leader_epoch = batch.leader_epoch
                     self.next_fetch_offset = batch.next_offset
                 else:
                     self.leader_epoch = batch.leader_epoch
                     yield from self._unpack_v2(tp, batch)
                 batch = records.next_batch()
+            yield from self._flush()
             # Format v2 keeps a batch's last offset even when compaction removed its last record.
             if last_batch is not None and last_batch.magic == 2:
                 self.next_fetch_offset = last_batch.next_offset
             self.drain()
         except StopIteration:  # as kafka-python: a StopIteration must not end the generator silently
             raise RuntimeError("StopIteration raised unpacking messageset") from None
+        except Exception:  # the records before the fault first, as kafka-python hands them out
+            yield from self._flush()
+            raise
+
+    def _flush(self) -> Iterator[Any]:
+        """The records ``_unpack_v2`` held back (here: none)."""
+        return iter(())
 
     def _unpack_legacy(self, tp: Any, batch: Any) -> Iterator[Any]:
         """Magic 0/1 batches, record by record as kafka-python unpacks them."""
@@ -299,10 +298,16 @@ def unpack_v2(batch: DefaultRecordBatch) -> tuple[RecordColumns, Exception | Non
 
 
 class ColumnarPartitionRecords(FastPartitionRecords):
-    """Yields one :class:`RecordColumns` per v2 batch instead of a ``ConsumerRecord`` per record: a
-    poll's ``max_records`` then counts batches. For readers that want columns (the Kafka source's
-    tasks); legacy and control batches are handled as by :class:`FastPartitionRecords`, the legacy
-    records as one-record columns."""
+    """Yields :class:`RecordColumns` instead of a ``ConsumerRecord`` per record: a poll's
+    ``max_records`` then counts pieces of columns. For readers that want columns (the Kafka
+    source's tasks). Consecutive plain v2 batches are held back and unpacked together by
+    :func:`streaming.kafka_batches.unpack_plain` (the others by :func:`unpack_v2`); legacy and
+    control batches are handled as by :class:`FastPartitionRecords`, legacy records as one-record
+    columns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: list[DefaultRecordBatch] = []
 
     def _unpack_legacy(self, tp: Any, batch: Any) -> Iterator[Any]:
         for record in super()._unpack_legacy(tp, batch):
@@ -316,7 +321,31 @@ class ColumnarPartitionRecords(FastPartitionRecords):
             yield cols
 
     def _unpack_v2(self, tp: Any, batch: DefaultRecordBatch) -> Iterator[Any]:
-        cols, error = unpack_v2(batch)
+        batch._maybe_uncompress()
+        self._held.append(batch)
+        yield from ()
+
+    def _flush(self) -> Iterator[Any]:
+        held, self._held = self._held, []
+        while held:
+            columns, n = unpack_plain(held)
+            if n:
+                cols = RecordColumns()
+                cols.offsets, cols.timestamps, cols.keys, cols.values, cols.sizes = columns
+                cols.headers = [None] * len(cols.offsets)
+                self.leader_epoch = held[n - 1].leader_epoch
+                yield from self._handed_out(cols)
+                del held[:n]
+            if held:  # not plain: read exactly, faults named
+                batch = held.pop(0)
+                self.leader_epoch = batch.leader_epoch
+                cols, error = unpack_v2(batch)
+                yield from self._handed_out(cols)
+                if error is not None:
+                    raise error
+
+    def _handed_out(self, cols: RecordColumns) -> Iterator[RecordColumns]:
+        """``cols`` counted and past, without the records before the fetch offset."""
         if cols.offsets:
             self.records_read += len(cols.offsets)  # counted before the skip, as kafka-python counts
             self.bytes_read += sum(cols.sizes)
@@ -324,8 +353,6 @@ class ColumnarPartitionRecords(FastPartitionRecords):
             cols = cols.from_offset(self.fetch_offset)
             if cols.offsets:
                 yield cols
-        if error is not None:
-            raise error
 
 
 def _headers(buf: bytes, pos: int) -> tuple[list[tuple[str, bytes | None]], int, int]:

@@ -16,7 +16,14 @@ from kafka.record._crc32c import crc as crc32c
 from kafka.record.memory_records import MemoryRecordsBuilder
 from kafka.structs import TopicPartition
 
-from streaming.kafka_records import ColumnarPartitionRecords, FastPartitionRecords, RecordColumns, install
+from streaming.kafka_batches import unpack_plain
+from streaming.kafka_records import (
+    ColumnarPartitionRecords,
+    FastPartitionRecords,
+    RecordColumns,
+    install,
+    unpack_v2,
+)
 
 TP = TopicPartition("t", 3)
 TS = 1_767_225_600_000
@@ -163,3 +170,61 @@ def test_columns_cut_at_offsets_and_join():
     assert cols.before(12).offsets == list(range(12)) and cols.before(99) is cols
     assert cols.from_offset(3).offsets == list(range(3, 15)) and cols.from_offset(0) is cols
     assert cols.before(12).values == cols.values[:12] and len(cols.from_offset(14)) == 1
+
+
+def _batches(data: bytes) -> list:
+    records, out = MemoryRecords(data), []
+    while (batch := records.next_batch()) is not None:
+        batch._maybe_uncompress()
+        out.append(batch)
+    return out
+
+
+def _unpacked_one_by_one(batches: list) -> tuple:
+    cols = RecordColumns.joined([unpack_v2(b)[0] for b in batches])
+    return cols.offsets, cols.timestamps, cols.keys, cols.values, cols.sizes
+
+
+@pytest.mark.parametrize("codec", [0, 4])
+def test_plain_batches_are_unpacked_together_as_one_by_one(codec):
+    rows = [
+        (TS, None, b"v", []),
+        (TS + 1, b"k", None, []),
+        (TS + 2, b"", b"", []),
+        (TS + 300_000, b"k" * 200, b"v" * 70_000, []),  # three-byte lengths
+        (TS - 5, b"k", b"v", []),  # a negative timestamp delta
+    ]
+    batches = _batches(_batch(compression=codec) + _batch(records=rows, start=50, gap=2) + _batch(start=60, n=3))
+    columns, n = unpack_plain(batches)
+    assert n == 3
+    assert columns == _unpacked_one_by_one(batches)
+
+
+def test_a_batch_that_is_not_plain_ends_the_run():
+    headers = _batch(start=50, records=[(TS, b"k", b"v", [("h", b"1")])])
+    data = _batch() + headers + _batch(start=51)
+    batches = _batches(data)
+    columns, n = unpack_plain(batches)
+    assert n == 1 and columns == _unpacked_one_by_one(batches[:1])
+    assert unpack_plain(batches[1:])[1] == 0
+    _same(data, step=2)
+
+
+@pytest.mark.parametrize("at", [0, 4, 13])  # in the first record: its length, key size, value size
+def test_a_corrupt_record_in_a_later_batch_fails_after_the_earlier_records(at):
+    first = _batch(n=20)
+    bad = bytearray(_batch(start=20, n=5))
+    bad[61 + at] = 0x7F if at else bad[61] + 2  # (the header is 61 bytes; 0x7F: a size of -64)
+    struct.pack_into(">I", bad, 17, crc32c(bytes(bad[ATTRIBUTES_AT:])))
+    data = first + bytes(bad) + _batch(start=25, n=5)
+    got = {}
+    for cls in (Fetcher.PartitionRecords, ColumnarPartitionRecords):
+        parts = cls(0, TP, MemoryRecords(data))
+        records = parts.take()
+        with pytest.raises(CorruptRecordError) as err:
+            parts.take()
+        offsets = RecordColumns.joined(records).offsets if cls is ColumnarPartitionRecords else [
+            r.offset for r in records]
+        got[cls] = (offsets, str(err.value))
+    assert got[ColumnarPartitionRecords] == got[Fetcher.PartitionRecords]
+    assert got[Fetcher.PartitionRecords][0][:20] == list(range(20))
