@@ -618,12 +618,14 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     one per poll; fail loudly if Kafka stops answering."""
     from kafka import TopicPartition
 
+    from streaming.heap import keep_freed_memory
     from streaming.kafka_records import RecordColumns
     from streaming.kafka_records import install as install_fast_records
 
     cache_key = options.get(SECRET_OPTION, "")
     consumer = _CONSUMERS.get(cache_key)
     if consumer is None:  # Python workers are reused: keep one consumer per worker process
+        keep_freed_memory()  # for the whole process: a worker process runs these tasks one after another
         consumer = _make_consumer(
             options,
             fetch_max_bytes=64 * 1024 * 1024,
