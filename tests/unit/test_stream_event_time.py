@@ -101,8 +101,10 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
 
     sends = bronze_table(from_send_results(random_stream(1, brokers=12, events=600)
                                            + random_stream(2, brokers=3, events=200, cluster="c2")))
-    for shards in (1, 4):
+    for shards in (1, 4, 12):
         pieces = fault_feed(sends, EVENT_COLUMNS, shards)
+        keys = [parts_of(key)[1:] for key, _, _ in pieces]
+        assert keys == sorted(keys)  # in the sorted order of the keys' strings ("10" before "2")
         seen: dict[tuple[str, str], str] = {}
         for key, name, rows in pieces:
             concern, cluster, shard = parts_of(key)
@@ -113,7 +115,7 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
             assert set(plain(rows).column("cluster").to_pylist()) == {cluster}
         assert sum(r.num_rows for _, _, r in pieces) == sends.num_rows
         assert len(seen) == 15 and len(pieces) <= (2 if shards == 1 else 2 * shards)
-    assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 4 shards
+    assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 12 shards
 
 
 def test_keys_name_their_concern() -> None:
