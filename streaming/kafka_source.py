@@ -544,10 +544,12 @@ def by_table(batch: Any) -> dict[str, Any]:
     from schemas.tables import ROUTE_COLUMN, table
 
     routes = batch.column(ROUTE_COLUMN)
+    names = pc.unique(routes).to_pylist()
     out = {}
-    for name in pc.unique(routes).to_pylist():
+    for name in names:
         spec = table(name)
-        out[name] = batch.filter(pc.equal(routes, name)).select(spec.columns).cast(spec.arrow_schema())
+        rows = batch if len(names) == 1 else batch.filter(pc.equal(routes, name))  # one table, as a rule
+        out[name] = rows.select(spec.columns).cast(spec.arrow_schema())
     return out
 
 
