@@ -9,6 +9,7 @@ valid by ``check_record`` too (a property test holds the two together).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import itemgetter
@@ -65,13 +66,14 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
     n = len(objs)
     suspects: set[int] = set()
     arrays: dict[str, pa.Array] = {}
+    unsure: list[str] = []  # required fields with nulls: null values, or missing somewhere?
     for i, f in enumerate(fields):
         arr = struct.field(i)
         if arr.null_count:
             if not f.nullable:
                 suspects.update(_true_indexes(arr.is_null()) or ())
-            elif f.required and sum(map(dict.__contains__, objs, repeat(f.name))) < n:
-                suspects.update(i for i, o in enumerate(objs) if f.name not in o)
+            elif f.required:
+                unsure.append(f.name)
         if f.kind == "list<string>":
             elements = arr.flatten()  # a null element (JSON null in the list) is not a string
             if elements.null_count:
@@ -82,7 +84,20 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
         if f.kind == "string":
             suspects.update(_string_violations(f, arr) or ())
         arrays[f.name] = arr
+    if unsure and not _held_by_all(objs, unsure):
+        for name in unsure:
+            if sum(map(dict.__contains__, objs, repeat(name))) < n:
+                suspects.update(i for i, o in enumerate(objs) if name not in o)
     return arrays, suspects
+
+
+def _held_by_all(objs: Sequence[dict[str, Any]], names: list[str]) -> bool:
+    """True if every object holds every key of ``names`` (one pass for all of them)."""
+    try:
+        deque(map(itemgetter(*names), objs), maxlen=0)
+    except KeyError:
+        return False
+    return True
 
 
 def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:

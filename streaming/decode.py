@@ -128,9 +128,9 @@ class BatchDecoder:
         offsets = records.offsets if whole else [records.offsets[i] for i in rows]
         stamps = records.timestamps if whole else [records.timestamps[i] for i in rows]
         extra = {
-            ROUTE_COLUMN: pa.array([self.table] * n, pa.string()),
-            "kafka_topic": pa.array([topic] * n, pa.string()),
-            "kafka_partition": pa.array([partition] * n, pa.int32()),
+            ROUTE_COLUMN: pa.repeat(pa.scalar(self.table, pa.string()), n),
+            "kafka_topic": pa.repeat(pa.scalar(topic, pa.string()), n),
+            "kafka_partition": pa.repeat(pa.scalar(partition, pa.int32()), n),
             "kafka_offset": pa.array(offsets, pa.int64()),
             "kafka_ts_ms": pa.array(stamps, pa.int64()),
             "event_date": self.event_dates(arrays["ts_ms"]),
