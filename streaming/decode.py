@@ -7,6 +7,7 @@ module only adds where each record came from and shapes the rows as Arrow.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -56,6 +57,18 @@ class BatchDecoder:
         validation runs column-wise (:mod:`schemas.columnar`) and only suspect records go through
         the per-record check, which names the reason.
         """
+        if not gc.isenabled():
+            return self._decode(topic, partition, records)
+        # The parsed objects (a dict and its strings per record, thousands per fetch) hold no
+        # cycles and are freed by reference counting with the fetch; collections triggered by
+        # their allocation would only walk them.
+        gc.disable()
+        try:
+            return self._decode(topic, partition, records)
+        finally:
+            gc.enable()
+
+    def _decode(self, topic: str, partition: int, records: RecordColumns) -> pa.RecordBatch:
         values = records.values
         bad_rows: list[dict[str, Any]] = []
         parsed = self._parse_all(values)

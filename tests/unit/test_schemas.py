@@ -129,6 +129,31 @@ def test_decoder_quarantines_what_check_record_rejects() -> None:
     assert good["event_id"] == GOOD.event_id and good["event_date"] == "2023-11-14" and good["kafka_offset"] == 0
 
 
+def test_decoding_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+    from collections import namedtuple
+
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_source import output_tables
+
+    rec = namedtuple("rec", "key value offset timestamp")
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
+    records = RecordColumns.of([rec(None, GOOD.to_json(), 0, 1)])
+    assert gc.isenabled()
+    decoder.decode("t", 0, records)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        decoder.decode("t", 0, records)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(AttributeError):
+        decoder.decode("t", 0, None)  # type: ignore[arg-type]
+    assert gc.isenabled()
+
+
 def test_by_table_cuts_a_routed_batch_into_each_tables_rows() -> None:
     from collections import namedtuple
 
