@@ -118,6 +118,31 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
     assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 12 shards
 
 
+def test_a_ranges_fault_pieces_hold_the_rows_its_fetches_would() -> None:
+    import json
+
+    from pipeline.faults import EVENT_COLUMNS, from_send_results
+    from streaming.feeds import fault_feed
+    from streaming.kafka_source import _keyed_feeds
+    from tests.doubles.faults_synth import bronze_table, random_stream
+
+    sends = bronze_table(from_send_results(random_stream(3, brokers=9, events=900)))
+    fetches = [sends.slice(0, 250), sends.slice(250, 400), sends.slice(650)]
+    feeds = _keyed_feeds({"feeds": json.dumps(["faults"]), "feed_columns": json.dumps(list(EVENT_COLUMNS)),
+                          "fault_shards": "4"})
+    assert feeds is not None and feeds.per_fetch({"send_results": fetches[0]}) == []
+
+    def by_key(pieces: list) -> dict:
+        out: dict = {}
+        for key, name, rows in pieces:
+            out.setdefault((key, name), []).extend(plain(rows).to_pylist())
+        return out
+
+    whole = feeds.per_range({"send_results": pa.Table.from_batches([b for f in fetches for b in f.to_batches()])})
+    assert by_key(whole) == by_key([p for f in fetches for p in fault_feed(f, EVENT_COLUMNS, 4)])
+    assert len(whole) <= 4
+
+
 def test_keys_name_their_concern() -> None:
     assert parts_of(key_of(FAULTS, "c1")) == [FAULTS, "c1"]
 
