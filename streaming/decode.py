@@ -19,6 +19,7 @@ from schemas.columnar import validate_columns
 from schemas.events import EVENTS, decode_event
 from schemas.fields import Invalid, arrow_schema, check_record
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, ROUTE_COLUMN, routed_fields
+from streaming.kafka_batches import Slices
 from streaming.kafka_records import RecordColumns
 
 _DAY_MS = 86_400_000
@@ -119,16 +120,19 @@ class BatchDecoder:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
-    def _parse_all(self, values: list[bytes | None]) -> list[Any] | None:
+    def _parse_all(self, values: Sequence[bytes | None]) -> list[Any] | None:
         """Every value parsed, in one C-level pass: the common case. None if a value is missing, out
         of the size limit or not JSON: the caller then goes record by record."""
-        if not values or None in values:
+        if not values:
             return None
-        present = cast("list[bytes]", values)
-        if min(map(len, present)) == 0 or max(map(len, present)) > self.max_event_bytes:
+        if isinstance(values, Slices):  # their sizes are known without making them (-1: missing)
+            if values.sizes.min() <= 0 or values.sizes.max() > self.max_event_bytes:
+                return None
+        elif None in values or min(map(len, cast("list[bytes]", values))) == 0 or max(
+                map(len, cast("list[bytes]", values))) > self.max_event_bytes:
             return None
         try:
-            return list(map(orjson.loads, present))
+            return list(map(orjson.loads, cast("Sequence[bytes]", values)))
         except orjson.JSONDecodeError:
             return None
 

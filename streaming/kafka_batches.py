@@ -10,8 +10,8 @@ to five bytes, no headers, each record ending where its length says. Any other b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import kafka.errors as Errors
 import numpy as np
@@ -19,8 +19,44 @@ import numpy as np
 _PAD = bytes(8)  # a varint read at a record's end may look up to 5 bytes further
 _LIMIT = 1 << 62  # batch base offsets and timestamps beyond this are left to unpack_v2 (no int64 overflow)
 
+
+
+class Slices(Sequence[bytes | None]):
+    """``buf[start:start + size]`` for each record, made only when asked for (None where the size
+    is -1): a fetch's values are parsed one by one as they are made, so their bytes are freed and
+    reused right away, and its keys are rarely wanted at all."""
+
+    __slots__ = ("_buf", "_starts", "sizes")
+
+    def __init__(self, buf: bytes, starts: np.ndarray, sizes: np.ndarray) -> None:
+        self._buf = buf
+        self._starts = starts
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes | None: ...
+    @overload
+    def __getitem__(self, i: slice) -> Slices: ...
+    def __getitem__(self, i: int | slice) -> bytes | None | Slices:
+        if isinstance(i, slice):
+            return Slices(self._buf, self._starts[i], self.sizes[i])
+        size = int(self.sizes[i])
+        start = int(self._starts[i])
+        return None if size < 0 else self._buf[start : start + size]
+
+    def __iter__(self) -> Iterator[bytes | None]:
+        if (self.sizes < 0).any():
+            return (self[i] for i in range(len(self)))
+        return map(self._buf.__getitem__, map(slice, self._starts.tolist(), (self._starts + self.sizes).tolist()))
+
+
 # The fields of a run of records, in the order RecordColumns holds them (headers: none).
-Columns = tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]]
+Columns = tuple[list[int], list[int], Slices, Slices, list[int]]
+_NOTHING: Columns = ([], [], Slices(b"", np.zeros(0, np.int64), np.zeros(0, np.int64)),
+                     Slices(b"", np.zeros(0, np.int64), np.zeros(0, np.int64)), [])
 
 
 def uvarint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
@@ -59,7 +95,7 @@ def unpack_plain(batches: Sequence[Any]) -> tuple[Columns, int]:
         plain += 1
         firsts.append(len(starts))
     if not plain:
-        return ([], [], [], [], []), 0
+        return _NOTHING, 0
     counts = np.diff(firsts)
     sizes = [len(b._buffer) for b in batches[:plain]]
     at = np.repeat(np.cumsum([0, *sizes[:-1]]), counts)  # where each record's batch begins in buf
@@ -69,7 +105,7 @@ def unpack_plain(batches: Sequence[Any]) -> tuple[Columns, int]:
     if bad.size:  # the run stops before the first batch holding an odd record
         plain = int(np.searchsorted(firsts, bad[0], side="right")) - 1
         if not plain:
-            return ([], [], [], [], []), 0
+            return _NOTHING, 0
         n = firsts[plain]
         counts = counts[:plain]
         fields = {name: column[:n] for name, column in fields.items()}
@@ -80,8 +116,8 @@ def unpack_plain(batches: Sequence[Any]) -> tuple[Columns, int]:
     log_append = np.repeat(np.array([bool(h[5] & 0x08) for h in headers]), counts)
     offsets = (base + fields["offset_delta"]).tolist()
     timestamps = np.where(log_append, max_ts, first_ts + fields["ts_delta"]).tolist()
-    keys = _slices(buf, fields["key_start"], fields["key_size"])
-    values = _slices(buf, fields["value_start"], fields["value_size"])
+    keys = Slices(buf, fields["key_start"], fields["key_size"])
+    values = Slices(buf, fields["value_start"], fields["value_size"])
     return (offsets, timestamps, keys, values, fields["size"].tolist()), plain
 
 
@@ -150,13 +186,3 @@ def _zigzag(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, ok: np.ndarray) 
         more[lanes] = byte >= 0x80
         shift += 7
     return (value >> 1) ^ -(value & 1), np.minimum(pos + size, ends)
-
-
-def _slices(buf: bytes, start: np.ndarray, size: np.ndarray) -> list[bytes | None]:
-    """``buf[start:start + size]`` for each record; None where the size is -1 (a null key or value)."""
-    starts = start.tolist()
-    out: list[bytes | None] = [buf[a:b] for a, b in zip(starts, (start + np.maximum(size, 0)).tolist())]
-    if (size < 0).any():
-        for i in np.flatnonzero(size < 0).tolist():
-            out[i] = None
-    return out

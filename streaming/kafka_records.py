@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import kafka.errors as Errors
@@ -121,11 +121,13 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
 
 
 class RecordColumns:
-    """The records of one v2 batch as parallel lists (what :class:`ColumnarPartitionRecords` yields).
+    """Records as parallel columns (what :class:`ColumnarPartitionRecords` yields).
 
-    ``headers`` holds None for a record without headers, else (list of (key, value), their size);
-    ``sizes`` each record's size in bytes. ``offset`` is the first offset: kafka-python's fetcher
-    reads it to skip records before its fetch offset, which the columns never hold.
+    ``keys`` and ``values`` are lists, or :class:`~streaming.kafka_batches.Slices` that make each
+    one when asked for; ``headers`` holds None for a record without headers, else (list of (key,
+    value), their size); ``sizes`` each record's size in bytes. ``offset`` is the first offset:
+    kafka-python's fetcher reads it to skip records before its fetch offset, which the columns
+    never hold.
     """
 
     __slots__ = ("headers", "keys", "offsets", "sizes", "timestamps", "values")
@@ -133,8 +135,8 @@ class RecordColumns:
     def __init__(self) -> None:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
+        self.keys: Sequence[bytes | None] = []
+        self.values: Sequence[bytes | None] = []
         self.headers: list[tuple[list[tuple[str, bytes | None]], int] | None] = []
         self.sizes: list[int] = []
 
@@ -179,13 +181,13 @@ class RecordColumns:
     def of(cls, records: Iterable[Any]) -> RecordColumns:
         """Columns of records that have ``offset``, ``timestamp``, ``key`` and ``value`` (tests, tools)."""
         out = cls()
-        for r in records:
-            out.offsets.append(r.offset)
-            out.timestamps.append(r.timestamp)
-            out.keys.append(r.key)
-            out.values.append(r.value)
-            out.headers.append(None)
-            out.sizes.append(0)
+        rows = list(records)
+        out.offsets = [r.offset for r in rows]
+        out.timestamps = [r.timestamp for r in rows]
+        out.keys = [r.key for r in rows]
+        out.values = [r.value for r in rows]
+        out.headers = [None] * len(rows)
+        out.sizes = [0] * len(rows)
         return out
 
 
@@ -196,8 +198,10 @@ def unpack_v2(batch: DefaultRecordBatch) -> tuple[RecordColumns, Exception | Non
     kafka-python does.
     """
     cols = RecordColumns()
-    offsets, timestamps, keys, values, all_headers, sizes = (
-        cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers, cols.sizes)
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    cols.keys, cols.values = keys, values
+    offsets, timestamps, all_headers, sizes = cols.offsets, cols.timestamps, cols.headers, cols.sizes
     batch._maybe_uncompress()
     buf = bytes(batch._buffer)  # one copy, so every key and value below is a single slice
     size = len(buf)
@@ -314,8 +318,8 @@ class ColumnarPartitionRecords(FastPartitionRecords):
             cols = RecordColumns()
             cols.offsets.append(record.offset)
             cols.timestamps.append(record.timestamp)
-            cols.keys.append(record.key)
-            cols.values.append(record.value)
+            cols.keys = [record.key]
+            cols.values = [record.value]
             cols.headers.append((record.headers, record.serialized_header_size) if record.headers else None)
             cols.sizes.append(0)
             yield cols
