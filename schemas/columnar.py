@@ -57,7 +57,10 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
     The objects become one Arrow struct array; the value rules then run on its columns. None when
     the batch needs the field-by-field route (a non-dict, or a value of a wrong type somewhere).
     """
-    if not objs or set(map(type, objs)) != {dict} or _odd_types(fields, objs):
+    if not objs or set(map(type, objs)) != {dict}:
+        return None
+    odd, held = _odd_types(fields, objs)
+    if odd:
         return None
     try:
         struct = pa.array(objs, pa.struct([(f.name, f.arrow_type) for f in fields]))
@@ -72,7 +75,7 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
         if arr.null_count:
             if not f.nullable:
                 suspects.update(_true_indexes(arr.is_null()) or ())
-            elif f.required:
+            elif f.required and f.name not in held:
                 unsure.append(f.name)
         if f.kind == "list<string>":
             elements = arr.flatten()  # a null element (JSON null in the list) is not a string
@@ -100,8 +103,10 @@ def _held_by_all(objs: Sequence[dict[str, Any]], names: list[str]) -> bool:
     return True
 
 
-def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:
-    """True if a value somewhere has a type Arrow would convert silently (``_SILENTLY_CONVERTED``)."""
+def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> tuple[bool, set[str]]:
+    """True if a value somewhere has a type Arrow would convert silently (``_SILENTLY_CONVERTED``);
+    and the names of the fields every object was found to hold on the way."""
+    held: set[str] = set()
     for odd in set(_SILENTLY_CONVERTED.values()):
         names = [f.name for f in fields if _SILENTLY_CONVERTED.get(f.kind) == odd]
         if not names:
@@ -110,11 +115,12 @@ def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:
             values: Any = map(itemgetter(names[0]), objs) if len(names) == 1 else chain.from_iterable(
                 map(itemgetter(*names), objs))
             if not odd.isdisjoint(map(type, values)):
-                return True
+                return True, held
+            held.update(names)
         except KeyError:  # a field missing somewhere: field by field, a missing value counting as None
             if any(not odd.isdisjoint(map(type, map(dict.get, objs, repeat(name)))) for name in names):
-                return True
-    return False
+                return True, held
+    return False, held
 
 
 def _field_by_field(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str, pa.Array], set[int]]:
