@@ -5,12 +5,13 @@ a function call per varint, a ``DefaultRecord`` object, two copies of key and va
 In a bronze read task that was about 60% of the time (bench/ingest.py). :class:`FastPartitionRecords`
 replaces only that per-record part for message format v2 (every Kafka since 0.11): one flat loop per
 batch that reads the varints inline and yields the very same ``ConsumerRecord`` tuples, field by
-field. :class:`ColumnarPartitionRecords` goes one step further for the Kafka source's tasks,
-which read only offsets, timestamps, keys and values: the same loop (:func:`unpack_v2`) fills one
-:class:`RecordColumns` per batch and builds no per-record tuple (unpacking went from ~26 % to
-~13 % of a reader task's time). Everything around it stays kafka-python's: the fetch protocol and
-sessions, positions, batch CRC checks, decompression, control batches, the skipping of records
-before the fetch offset. Legacy batches (magic 0 and 1), ``read_committed`` consumers and consumers with
+field. :class:`ColumnarPartitionRecords` goes further for the Kafka source's tasks, which read
+only offsets, timestamps, keys and values: it fills :class:`RecordColumns` and builds no
+per-record tuple, unpacking a fetch's plain batches together with numpy
+(:mod:`streaming.kafka_batches`) and any other batch with the same loop (:func:`unpack_v2`).
+Everything around it stays kafka-python's: the fetch protocol and sessions, positions, batch CRC
+checks, decompression, control batches, the skipping of records before the fetch offset. Legacy
+batches (magic 0 and 1), ``read_committed`` consumers and consumers with
 deserializers take kafka-python's own loop unchanged.
 
 :func:`install` puts it into one consumer. It leans on kafka-python internals (``Fetcher`` and
