@@ -9,6 +9,7 @@ valid by ``check_record`` too (a property test holds the two together).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from itertools import chain, repeat
 from operator import itemgetter
@@ -56,7 +57,10 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
     The objects become one Arrow struct array; the value rules then run on its columns. None when
     the batch needs the field-by-field route (a non-dict, or a value of a wrong type somewhere).
     """
-    if not objs or set(map(type, objs)) != {dict} or _odd_types(fields, objs):
+    if not objs or set(map(type, objs)) != {dict}:
+        return None
+    odd, held = _odd_types(fields, objs)
+    if odd:
         return None
     try:
         struct = pa.array(objs, pa.struct([(f.name, f.arrow_type) for f in fields]))
@@ -65,13 +69,14 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
     n = len(objs)
     suspects: set[int] = set()
     arrays: dict[str, pa.Array] = {}
+    unsure: list[str] = []  # required fields with nulls: null values, or missing somewhere?
     for i, f in enumerate(fields):
         arr = struct.field(i)
         if arr.null_count:
             if not f.nullable:
                 suspects.update(_true_indexes(arr.is_null()) or ())
-            elif f.required and sum(map(dict.__contains__, objs, repeat(f.name))) < n:
-                suspects.update(i for i, o in enumerate(objs) if f.name not in o)
+            elif f.required and f.name not in held:
+                unsure.append(f.name)
         if f.kind == "list<string>":
             elements = arr.flatten()  # a null element (JSON null in the list) is not a string
             if elements.null_count:
@@ -82,11 +87,26 @@ def _whole_batch(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str
         if f.kind == "string":
             suspects.update(_string_violations(f, arr) or ())
         arrays[f.name] = arr
+    if unsure and not _held_by_all(objs, unsure):
+        for name in unsure:
+            if sum(map(dict.__contains__, objs, repeat(name))) < n:
+                suspects.update(i for i, o in enumerate(objs) if name not in o)
     return arrays, suspects
 
 
-def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:
-    """True if a value somewhere has a type Arrow would convert silently (``_SILENTLY_CONVERTED``)."""
+def _held_by_all(objs: Sequence[dict[str, Any]], names: list[str]) -> bool:
+    """True if every object holds every key of ``names`` (one pass for all of them)."""
+    try:
+        deque(map(itemgetter(*names), objs), maxlen=0)
+    except KeyError:
+        return False
+    return True
+
+
+def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> tuple[bool, set[str]]:
+    """True if a value somewhere has a type Arrow would convert silently (``_SILENTLY_CONVERTED``);
+    and the names of the fields every object was found to hold on the way."""
+    held: set[str] = set()
     for odd in set(_SILENTLY_CONVERTED.values()):
         names = [f.name for f in fields if _SILENTLY_CONVERTED.get(f.kind) == odd]
         if not names:
@@ -95,11 +115,12 @@ def _odd_types(fields: Sequence[Field], objs: Sequence[dict[str, Any]]) -> bool:
             values: Any = map(itemgetter(names[0]), objs) if len(names) == 1 else chain.from_iterable(
                 map(itemgetter(*names), objs))
             if not odd.isdisjoint(map(type, values)):
-                return True
+                return True, held
+            held.update(names)
         except KeyError:  # a field missing somewhere: field by field, a missing value counting as None
             if any(not odd.isdisjoint(map(type, map(dict.get, objs, repeat(name)))) for name in names):
-                return True
-    return False
+                return True, held
+    return False, held
 
 
 def _field_by_field(fields: Sequence[Field], objs: Sequence[Any]) -> tuple[dict[str, pa.Array], set[int]]:

@@ -7,6 +7,7 @@ module only adds where each record came from and shapes the rows as Arrow.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ from schemas.columnar import validate_columns
 from schemas.events import EVENTS, decode_event
 from schemas.fields import Invalid, arrow_schema, check_record
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, ROUTE_COLUMN, routed_fields
+from streaming.kafka_batches import Slices
 from streaming.kafka_records import RecordColumns
 
 _DAY_MS = 86_400_000
@@ -56,6 +58,18 @@ class BatchDecoder:
         validation runs column-wise (:mod:`schemas.columnar`) and only suspect records go through
         the per-record check, which names the reason.
         """
+        if not gc.isenabled():
+            return self._decode(topic, partition, records)
+        # The parsed objects (a dict and its strings per record, thousands per fetch) hold no
+        # cycles and are freed by reference counting with the fetch; collections triggered by
+        # their allocation would only walk them.
+        gc.disable()
+        try:
+            return self._decode(topic, partition, records)
+        finally:
+            gc.enable()
+
+    def _decode(self, topic: str, partition: int, records: RecordColumns) -> pa.RecordBatch:
         values = records.values
         bad_rows: list[dict[str, Any]] = []
         parsed = self._parse_all(values)
@@ -106,16 +120,19 @@ class BatchDecoder:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
-    def _parse_all(self, values: list[bytes | None]) -> list[Any] | None:
+    def _parse_all(self, values: Sequence[bytes | None]) -> list[Any] | None:
         """Every value parsed, in one C-level pass: the common case. None if a value is missing, out
         of the size limit or not JSON: the caller then goes record by record."""
-        if not values or None in values:
+        if not values:
             return None
-        present = cast("list[bytes]", values)
-        if min(map(len, present)) == 0 or max(map(len, present)) > self.max_event_bytes:
+        if isinstance(values, Slices):  # their sizes are known without making them (-1: missing)
+            if values.sizes.min() <= 0 or values.sizes.max() > self.max_event_bytes:
+                return None
+        elif None in values or min(map(len, cast("list[bytes]", values))) == 0 or max(
+                map(len, cast("list[bytes]", values))) > self.max_event_bytes:
             return None
         try:
-            return list(map(orjson.loads, present))
+            return list(map(orjson.loads, cast("Sequence[bytes]", values)))
         except orjson.JSONDecodeError:
             return None
 
@@ -128,9 +145,9 @@ class BatchDecoder:
         offsets = records.offsets if whole else [records.offsets[i] for i in rows]
         stamps = records.timestamps if whole else [records.timestamps[i] for i in rows]
         extra = {
-            ROUTE_COLUMN: pa.array([self.table] * n, pa.string()),
-            "kafka_topic": pa.array([topic] * n, pa.string()),
-            "kafka_partition": pa.array([partition] * n, pa.int32()),
+            ROUTE_COLUMN: pa.repeat(pa.scalar(self.table, pa.string()), n),
+            "kafka_topic": pa.repeat(pa.scalar(topic, pa.string()), n),
+            "kafka_partition": pa.repeat(pa.scalar(partition, pa.int32()), n),
             "kafka_offset": pa.array(offsets, pa.int64()),
             "kafka_ts_ms": pa.array(stamps, pa.int64()),
             "event_date": self.event_dates(arrays["ts_ms"]),

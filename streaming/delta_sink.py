@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 # driver_step(batch_id, extras) -> files: the driver's own share of a batch (see write_routed)
 DriverStep = Callable[[int, list[tuple[str, int, bytes]]], list["DataFile"]]
 COMMIT_COLUMN = "commit"  # one row per write task: its RoutedCommit as JSON
+# A column's values are dictionary-encoded until their dictionary passes this size, then written
+# plain (Parquet's own fallback, here early): a unique id, offset or time is not hashed row after
+# row into a dictionary it will not use, and zstd packs plain values of such columns tighter.
+DICTIONARY_PAGE_BYTES = 16 << 10
 # Route of chunk rows listing Parquet files a Kafka reader task already wrote (``arrow`` holds their
 # DataFile list as JSON, ``rows`` the Kafka records the task read): the sink only commits them.
 WRITTEN = "_written"
@@ -111,6 +115,9 @@ def write_table_files(
         keys = rows.select(list(spec.partition_by)).group_by(list(spec.partition_by)).aggregate([])
         groups = []
         for values in sorted(keys.to_pylist(), key=lambda v: [str(x) for x in v.values()]):
+            if keys.num_rows == 1 and None not in values.values():  # one day, as a rule: no filtered copy
+                groups.append(({k: str(v) for k, v in values.items()}, rows))
+                continue
             mask = None
             for col, val in values.items():
                 cond = pc.equal(rows.column(col), val)
@@ -128,7 +135,7 @@ def write_table_files(
             # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
             data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
             target = full.with_name(f".{full.name}.{uuid.uuid4().hex}.tmp") if keep_existing else full
-            pq.write_table(data, target, compression="zstd")
+            pq.write_table(data, target, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
             if keep_existing:
                 os.replace(target, full)
         out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows))

@@ -56,14 +56,12 @@ def split_by(rows: pa.Table, columns: Sequence[str]) -> list[tuple[tuple[str, ..
     if rows.num_rows == 0:
         return []
     codes = np.zeros(rows.num_rows, dtype=np.int64)
-    dictionaries = []
     for name in columns:
         enc = pc.dictionary_encode(rows.column(name)).combine_chunks()
         size = len(enc.dictionary)
         # sort the dictionary so that keys come out in a stable order, whatever the rows' order
         rank = np.argsort(np.argsort(np.asarray(enc.dictionary.to_pylist(), dtype=object)))
         codes = codes * (size + 1) + rank[enc.indices.to_numpy(zero_copy_only=False)]
-        dictionaries.append(sorted(enc.dictionary.to_pylist()))
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]
     bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
@@ -92,7 +90,9 @@ def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> l
     if not pa.types.is_dictionary(names.type):
         names = pc.dictionary_encode(names)
     shards_of = shard_of(names.dictionary, shards)  # per distinct broker, not per row
-    shard = pa.array(shards_of[names.indices.to_numpy(zero_copy_only=False)].astype(str))
+    # each row's shard as an index into the shards' names: no string made or hashed per row
+    shard = pa.DictionaryArray.from_arrays(pa.array(shards_of[names.indices.to_numpy(zero_copy_only=False)], pa.int32()),
+                                           pa.array([str(s) for s in range(max(shards, 1))]))
     # encoded once for the whole fetch: every piece then shares the fetch's (small) dictionaries
     slim = encode_dictionary(send_results.select(list(columns)), FAULT_DICTIONARY).append_column("_shard", shard)
     for (cluster, s), part in split_by(slim, ("cluster", "_shard")):

@@ -5,12 +5,13 @@ a function call per varint, a ``DefaultRecord`` object, two copies of key and va
 In a bronze read task that was about 60% of the time (bench/ingest.py). :class:`FastPartitionRecords`
 replaces only that per-record part for message format v2 (every Kafka since 0.11): one flat loop per
 batch that reads the varints inline and yields the very same ``ConsumerRecord`` tuples, field by
-field. :class:`ColumnarPartitionRecords` goes one step further for the Kafka source's tasks,
-which read only offsets, timestamps, keys and values: the same loop (:func:`unpack_v2`) fills one
-:class:`RecordColumns` per batch and builds no per-record tuple (unpacking went from ~26 % to
-~13 % of a reader task's time). Everything around it stays kafka-python's: the fetch protocol and
-sessions, positions, batch CRC checks, decompression, control batches, the skipping of records
-before the fetch offset. Legacy batches (magic 0 and 1), ``read_committed`` consumers and consumers with
+field. :class:`ColumnarPartitionRecords` goes further for the Kafka source's tasks, which read
+only offsets, timestamps, keys and values: it fills :class:`RecordColumns` and builds no
+per-record tuple, unpacking a fetch's plain batches together with numpy
+(:mod:`streaming.kafka_batches`) and any other batch with the same loop (:func:`unpack_v2`).
+Everything around it stays kafka-python's: the fetch protocol and sessions, positions, batch CRC
+checks, decompression, control batches, the skipping of records before the fetch offset. Legacy
+batches (magic 0 and 1), ``read_committed`` consumers and consumers with
 deserializers take kafka-python's own loop unchanged.
 
 :func:`install` puts it into one consumer. It leans on kafka-python internals (``Fetcher`` and
@@ -24,31 +25,20 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import kafka.errors as Errors
 from kafka.consumer.fetcher import ConsumerRecord, Fetcher
 from kafka.record.default_records import DefaultRecordBatch
 
+from streaming.kafka_batches import unpack_plain
+from streaming.kafka_batches import uvarint as _uvarint
+
 log = logging.getLogger(__name__)
 
 _new = tuple.__new__
 _REQUIRED = ("_buffer", "_pos", "_header_data", "_maybe_uncompress", "validate_crc", "is_control_batch")
-
-
-def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    """An unsigned varint of two or more bytes at ``pos``: (value, next position)."""
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise Errors.CorruptRecordError("varint longer than 10 bytes")
 
 
 class FastPartitionRecords(Fetcher.PartitionRecords):
@@ -70,20 +60,30 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                         f"Record batch for partition {tp} at offset {batch.base_offset} failed crc check"
                     )
                 if batch.magic != 2:
+                    yield from self._flush()
                     yield from self._unpack_legacy(tp, batch)
                 elif batch.is_control_batch:
+                    yield from self._flush()
                     self.leader_epoch = batch.leader_epoch
                     self.next_fetch_offset = batch.next_offset
                 else:
                     self.leader_epoch = batch.leader_epoch
                     yield from self._unpack_v2(tp, batch)
                 batch = records.next_batch()
+            yield from self._flush()
             # Format v2 keeps a batch's last offset even when compaction removed its last record.
             if last_batch is not None and last_batch.magic == 2:
                 self.next_fetch_offset = last_batch.next_offset
             self.drain()
         except StopIteration:  # as kafka-python: a StopIteration must not end the generator silently
             raise RuntimeError("StopIteration raised unpacking messageset") from None
+        except Exception:  # the records before the fault first, as kafka-python hands them out
+            yield from self._flush()
+            raise
+
+    def _flush(self) -> Iterator[Any]:
+        """The records ``_unpack_v2`` held back (here: none)."""
+        return iter(())
 
     def _unpack_legacy(self, tp: Any, batch: Any) -> Iterator[Any]:
         """Magic 0/1 batches, record by record as kafka-python unpacks them."""
@@ -122,11 +122,13 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
 
 
 class RecordColumns:
-    """The records of one v2 batch as parallel lists (what :class:`ColumnarPartitionRecords` yields).
+    """Records as parallel columns (what :class:`ColumnarPartitionRecords` yields).
 
-    ``headers`` holds None for a record without headers, else (list of (key, value), their size);
-    ``sizes`` each record's size in bytes. ``offset`` is the first offset: kafka-python's fetcher
-    reads it to skip records before its fetch offset, which the columns never hold.
+    ``keys`` and ``values`` are lists, or :class:`~streaming.kafka_batches.Slices` that make each
+    one when asked for; ``headers`` holds None for a record without headers, else (list of (key,
+    value), their size); ``sizes`` each record's size in bytes. ``offset`` is the first offset:
+    kafka-python's fetcher reads it to skip records before its fetch offset, which the columns
+    never hold.
     """
 
     __slots__ = ("headers", "keys", "offsets", "sizes", "timestamps", "values")
@@ -134,8 +136,8 @@ class RecordColumns:
     def __init__(self) -> None:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
+        self.keys: Sequence[bytes | None] = []
+        self.values: Sequence[bytes | None] = []
         self.headers: list[tuple[list[tuple[str, bytes | None]], int] | None] = []
         self.sizes: list[int] = []
 
@@ -180,13 +182,13 @@ class RecordColumns:
     def of(cls, records: Iterable[Any]) -> RecordColumns:
         """Columns of records that have ``offset``, ``timestamp``, ``key`` and ``value`` (tests, tools)."""
         out = cls()
-        for r in records:
-            out.offsets.append(r.offset)
-            out.timestamps.append(r.timestamp)
-            out.keys.append(r.key)
-            out.values.append(r.value)
-            out.headers.append(None)
-            out.sizes.append(0)
+        rows = list(records)
+        out.offsets = [r.offset for r in rows]
+        out.timestamps = [r.timestamp for r in rows]
+        out.keys = [r.key for r in rows]
+        out.values = [r.value for r in rows]
+        out.headers = [None] * len(rows)
+        out.sizes = [0] * len(rows)
         return out
 
 
@@ -197,8 +199,10 @@ def unpack_v2(batch: DefaultRecordBatch) -> tuple[RecordColumns, Exception | Non
     kafka-python does.
     """
     cols = RecordColumns()
-    offsets, timestamps, keys, values, all_headers, sizes = (
-        cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers, cols.sizes)
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    cols.keys, cols.values = keys, values
+    offsets, timestamps, all_headers, sizes = cols.offsets, cols.timestamps, cols.headers, cols.sizes
     batch._maybe_uncompress()
     buf = bytes(batch._buffer)  # one copy, so every key and value below is a single slice
     size = len(buf)
@@ -299,24 +303,54 @@ def unpack_v2(batch: DefaultRecordBatch) -> tuple[RecordColumns, Exception | Non
 
 
 class ColumnarPartitionRecords(FastPartitionRecords):
-    """Yields one :class:`RecordColumns` per v2 batch instead of a ``ConsumerRecord`` per record: a
-    poll's ``max_records`` then counts batches. For readers that want columns (the Kafka source's
-    tasks); legacy and control batches are handled as by :class:`FastPartitionRecords`, the legacy
-    records as one-record columns."""
+    """Yields :class:`RecordColumns` instead of a ``ConsumerRecord`` per record: a poll's
+    ``max_records`` then counts pieces of columns. For readers that want columns (the Kafka
+    source's tasks). Consecutive plain v2 batches are held back and unpacked together by
+    :func:`streaming.kafka_batches.unpack_plain` (the others by :func:`unpack_v2`); legacy and
+    control batches are handled as by :class:`FastPartitionRecords`, legacy records as one-record
+    columns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: list[DefaultRecordBatch] = []
 
     def _unpack_legacy(self, tp: Any, batch: Any) -> Iterator[Any]:
         for record in super()._unpack_legacy(tp, batch):
             cols = RecordColumns()
             cols.offsets.append(record.offset)
             cols.timestamps.append(record.timestamp)
-            cols.keys.append(record.key)
-            cols.values.append(record.value)
+            cols.keys = [record.key]
+            cols.values = [record.value]
             cols.headers.append((record.headers, record.serialized_header_size) if record.headers else None)
             cols.sizes.append(0)
             yield cols
 
     def _unpack_v2(self, tp: Any, batch: DefaultRecordBatch) -> Iterator[Any]:
-        cols, error = unpack_v2(batch)
+        batch._maybe_uncompress()
+        self._held.append(batch)
+        yield from ()
+
+    def _flush(self) -> Iterator[Any]:
+        held, self._held = self._held, []
+        while held:
+            columns, n = unpack_plain(held)
+            if n:
+                cols = RecordColumns()
+                cols.offsets, cols.timestamps, cols.keys, cols.values, cols.sizes = columns
+                cols.headers = [None] * len(cols.offsets)
+                self.leader_epoch = held[n - 1].leader_epoch
+                yield from self._handed_out(cols)
+                del held[:n]
+            if held:  # not plain: read exactly, faults named
+                batch = held.pop(0)
+                self.leader_epoch = batch.leader_epoch
+                cols, error = unpack_v2(batch)
+                yield from self._handed_out(cols)
+                if error is not None:
+                    raise error
+
+    def _handed_out(self, cols: RecordColumns) -> Iterator[RecordColumns]:
+        """``cols`` counted and past, without the records before the fetch offset."""
         if cols.offsets:
             self.records_read += len(cols.offsets)  # counted before the skip, as kafka-python counts
             self.bytes_read += sum(cols.sizes)
@@ -324,8 +358,6 @@ class ColumnarPartitionRecords(FastPartitionRecords):
             cols = cols.from_offset(self.fetch_offset)
             if cols.offsets:
                 yield cols
-        if error is not None:
-            raise error
 
 
 def _headers(buf: bytes, pos: int) -> tuple[list[tuple[str, bytes | None]], int, int]:

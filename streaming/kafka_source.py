@@ -417,7 +417,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         feed = set(json.loads(self.options.get("feed_tables", "[]")))
         slim = _feed_shape(json.loads(self.options.get("feed_columns", "null")),
                            set(json.loads(self.options.get("feed_dictionary", "[]"))))
-        keyed = _keyed_feed(self.options)
+        keyed = _keyed_feeds(self.options)
         tag = self.options.get("write_tag", "")
         files: list[dict[str, Any]] = []
         records_read = 0
@@ -433,13 +433,17 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for name, rows in split.items():
                     parts.setdefault(name, []).append(rows)
                 if keyed is not None:
-                    pieces = keyed({name: pa.Table.from_batches([rows]) for name, rows in split.items()})
+                    pieces = keyed.per_fetch({name: pa.Table.from_batches([rows]) for name, rows in split.items()})
                     if pieces:
                         yield _keyed_chunks(pieces, part.settle_ms)
                     continue
                 fed = {name: slim(rows) for name, rows in split.items() if name in feed}
                 if fed:
                     yield _chunks_of(fed)
+            if keyed is not None:
+                pieces = keyed.per_range({name: pa.Table.from_batches(b) for name, b in parts.items()})
+                if pieces:
+                    yield _keyed_chunks(pieces, part.settle_ms)
             stem = f"part-{tag}-{part.topic}-{part.partition}-{part.start}-{part.end}"
             for name, batches in sorted(parts.items()):
                 rows = pa.Table.from_batches(batches)
@@ -463,8 +467,22 @@ def _decoder(options: dict[str, str], kind: str, tables: list[str]) -> Any:
                         max_future_skew_ms=int(options.get("max_future_skew_ms", "300000")))
 
 
-def _keyed_feed(options: dict[str, str]) -> Callable[[dict[str, Any]], list[tuple[str, str, Any]]] | None:
-    """With option ``feeds`` (concern names), the function cutting a fetch's tables into keyed pieces."""
+Pieces = list[tuple[str, str, Any]]  # (state key, table, rows)
+
+
+@dataclass(frozen=True)
+class KeyedFeeds:
+    """How a task cuts its rows into keyed pieces (option ``feeds``). The lag feed cuts each fetch;
+    the fault feed cuts a range's send results once, at its end, from the batches kept for its
+    Parquet files anyway: a few large pieces per range (one per cluster and shard) rather than as
+    many small ones per fetch, each to serialize, shuffle and read; the same rows per key."""
+
+    per_fetch: Callable[[dict[str, Any]], Pieces]
+    per_range: Callable[[dict[str, Any]], Pieces]
+
+
+def _keyed_feeds(options: dict[str, str]) -> KeyedFeeds | None:
+    """With option ``feeds`` (concern names), the functions cutting a task's tables into keyed pieces."""
     names = json.loads(options.get("feeds", "[]"))
     if not names:
         return None
@@ -474,18 +492,18 @@ def _keyed_feed(options: dict[str, str]) -> Callable[[dict[str, Any]], list[tupl
     shards = int(options.get("lag_shards", "1"))
     fault_shards = int(options.get("fault_shards", "1"))
 
-    def cut(tables: dict[str, Any]) -> list[tuple[str, str, Any]]:
-        out: list[tuple[str, str, Any]] = []
-        if "faults" in names and "send_results" in tables:
-            out += fault_feed(tables["send_results"], columns, fault_shards)
-        if "lag" in names:
-            out += lag_feed(tables, shards)
-        return out
+    def lag(tables: dict[str, Any]) -> Pieces:
+        return lag_feed(tables, shards) if "lag" in names else []
 
-    return cut
+    def faults(tables: dict[str, Any]) -> Pieces:
+        if "faults" in names and "send_results" in tables:  # one chunk: every piece shares its dictionaries
+            return fault_feed(tables["send_results"].combine_chunks(), columns, fault_shards)
+        return []
+
+    return KeyedFeeds(per_fetch=lag, per_range=faults)
 
 
-def _keyed_chunks(pieces: list[tuple[str, str, Any]], settle_ms: int) -> Any:
+def _keyed_chunks(pieces: Pieces, settle_ms: int) -> Any:
     import pyarrow as pa
 
     keys, names, counts, payloads = [], [], [], []
@@ -544,10 +562,12 @@ def by_table(batch: Any) -> dict[str, Any]:
     from schemas.tables import ROUTE_COLUMN, table
 
     routes = batch.column(ROUTE_COLUMN)
+    names = pc.unique(routes).to_pylist()
     out = {}
-    for name in pc.unique(routes).to_pylist():
+    for name in names:
         spec = table(name)
-        out[name] = batch.filter(pc.equal(routes, name)).select(spec.columns).cast(spec.arrow_schema())
+        rows = batch if len(names) == 1 else batch.filter(pc.equal(routes, name))  # one table, as a rule
+        out[name] = rows.select(spec.columns).cast(spec.arrow_schema())
     return out
 
 
@@ -618,12 +638,14 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     one per poll; fail loudly if Kafka stops answering."""
     from kafka import TopicPartition
 
+    from streaming.heap import keep_freed_memory
     from streaming.kafka_records import RecordColumns
     from streaming.kafka_records import install as install_fast_records
 
     cache_key = options.get(SECRET_OPTION, "")
     consumer = _CONSUMERS.get(cache_key)
     if consumer is None:  # Python workers are reused: keep one consumer per worker process
+        keep_freed_memory()  # for the whole process: a worker process runs these tasks one after another
         consumer = _make_consumer(
             options,
             fetch_max_bytes=64 * 1024 * 1024,

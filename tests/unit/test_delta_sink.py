@@ -170,3 +170,18 @@ def test_a_new_checkpoint_over_tables_holding_the_querys_batches_is_refused(tmp_
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text('{"id":"x"}')  # the checkpoint those batches came from
     check_checkpoint_matches(str(tmp_path / "tables"), TABLES, str(checkpoint), "test:sink")
+
+
+@pytest.mark.parametrize("days", [["2026-01-01"] * 5, ["2026-01-02", "2026-01-01", "2026-01-02", "2026-01-01", "2026-01-02"]])
+def test_table_files_hold_each_days_rows(tmp_path: Path, days: list[str]) -> None:
+    import pyarrow.parquet as pq
+
+    rows = pa.Table.from_batches([_rows("broker_health", len(days))]).drop_columns([ROUTE_COLUMN])
+    rows = rows.set_column(rows.schema.get_field_index("event_date"), "event_date", pa.array(days))
+    rows = rows.set_column(rows.schema.get_field_index("cluster"), "cluster", pa.array([str(i) for i in range(len(days))]))
+    files = write_table_files(str(tmp_path), "broker_health", rows, lambda i: f"part-{i}")
+    assert [f.partition_values for f in files] == [{"event_date": d} for d in sorted(set(days))]
+    for f in files:
+        got = pq.read_table(tmp_path / "broker_health" / f.path)
+        day = rows.filter(pa.compute.equal(rows.column("event_date"), f.partition_values["event_date"]))
+        assert got.to_pylist() == day.drop_columns(["event_date"]).to_pylist() and f.num_records == day.num_rows

@@ -16,7 +16,14 @@ from kafka.record._crc32c import crc as crc32c
 from kafka.record.memory_records import MemoryRecordsBuilder
 from kafka.structs import TopicPartition
 
-from streaming.kafka_records import ColumnarPartitionRecords, FastPartitionRecords, RecordColumns, install
+from streaming.kafka_batches import unpack_plain
+from streaming.kafka_records import (
+    ColumnarPartitionRecords,
+    FastPartitionRecords,
+    RecordColumns,
+    install,
+    unpack_v2,
+)
 
 TP = TopicPartition("t", 3)
 TS = 1_767_225_600_000
@@ -162,4 +169,92 @@ def test_columns_cut_at_offsets_and_join():
     assert cols.offsets == list(range(15))
     assert cols.before(12).offsets == list(range(12)) and cols.before(99) is cols
     assert cols.from_offset(3).offsets == list(range(3, 15)) and cols.from_offset(0) is cols
-    assert cols.before(12).values == cols.values[:12] and len(cols.from_offset(14)) == 1
+    assert list(cols.before(12).values) == list(cols.values)[:12] and len(cols.from_offset(14)) == 1
+
+
+def _batches(data: bytes) -> list:
+    records, out = MemoryRecords(data), []
+    while (batch := records.next_batch()) is not None:
+        batch._maybe_uncompress()
+        out.append(batch)
+    return out
+
+
+def _unpacked_one_by_one(batches: list) -> tuple:
+    cols = RecordColumns.joined([unpack_v2(b)[0] for b in batches])
+    return cols.offsets, cols.timestamps, cols.keys, cols.values, cols.sizes
+
+
+def _listed(columns: tuple) -> tuple:
+    """unpack_plain's columns with keys and values made (they are Slices)."""
+    offsets, timestamps, keys, values, sizes = columns
+    return offsets, timestamps, list(keys), list(values), sizes
+
+
+@pytest.mark.parametrize("codec", [0, 4])
+def test_plain_batches_are_unpacked_together_as_one_by_one(codec):
+    rows = [
+        (TS, None, b"v", []),
+        (TS + 1, b"k", None, []),
+        (TS + 2, b"", b"", []),
+        (TS + 300_000, b"k" * 200, b"v" * 70_000, []),  # three-byte lengths
+        (TS - 5, b"k", b"v", []),  # a negative timestamp delta
+    ]
+    batches = _batches(_batch(compression=codec) + _batch(records=rows, start=50, gap=2) + _batch(start=60, n=3))
+    columns, n = unpack_plain(batches)
+    assert n == 3
+    assert _listed(columns) == _unpacked_one_by_one(batches)
+    keys, values = columns[2], columns[3]
+    assert [values[i] for i in range(len(values))] == list(values) and values[-1] == values[len(values) - 1]
+    assert list(values[3:7]) == list(values)[3:7] and list(keys[::-1]) == list(keys)[::-1]
+
+
+def test_a_batch_that_is_not_plain_ends_the_run():
+    headers = _batch(start=50, records=[(TS, b"k", b"v", [("h", b"1")])])
+    data = _batch() + headers + _batch(start=51)
+    batches = _batches(data)
+    columns, n = unpack_plain(batches)
+    assert n == 1 and _listed(columns) == _unpacked_one_by_one(batches[:1])
+    assert unpack_plain(batches[1:])[1] == 0
+    _same(data, step=2)
+
+
+@pytest.mark.parametrize("at", [0, 4, 13])  # in the first record: its length, key size, value size
+def test_a_corrupt_record_in_a_later_batch_fails_after_the_earlier_records(at):
+    first = _batch(n=20)
+    bad = bytearray(_batch(start=20, n=5))
+    bad[61 + at] = 0x7F if at else bad[61] + 2  # (the header is 61 bytes; 0x7F: a size of -64)
+    struct.pack_into(">I", bad, 17, crc32c(bytes(bad[ATTRIBUTES_AT:])))
+    data = first + bytes(bad) + _batch(start=25, n=5)
+    got = {}
+    for cls in (Fetcher.PartitionRecords, ColumnarPartitionRecords):
+        parts = cls(0, TP, MemoryRecords(data))
+        records = parts.take()
+        with pytest.raises(CorruptRecordError) as err:
+            parts.take()
+        offsets = RecordColumns.joined(records).offsets if cls is ColumnarPartitionRecords else [
+            r.offset for r in records]
+        got[cls] = (offsets, str(err.value))
+    assert got[ColumnarPartitionRecords] == got[Fetcher.PartitionRecords]
+    assert got[Fetcher.PartitionRecords][0][:20] == list(range(20))
+
+
+@pytest.mark.parametrize("odd", [None, b"", b"{", b'{"event_id": 1}'])
+def test_a_fetch_decodes_the_same_from_slices_as_from_lists(odd):
+    from schemas.events import SendResult
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_source import output_tables
+
+    good = SendResult(event_id="e", ts_ms=TS, cluster="c1", producer_group="PG", client_id="10.0.0.1@1",
+                      client_version="4.9.8", topic="T", broker_name="b", queue_id=3, status="SEND_OK",
+                      latency_ms=1, error=None, queue_offset=41, attempt=0).to_json()
+    rows = [(TS, b"b", good, []), (TS, None, odd, []), (TS, b"b", good, [])]
+    batches = _batches(_batch(records=rows) + _batch(start=3, records=rows[::2]))
+    columns, n = unpack_plain(batches)
+    lazy = RecordColumns()
+    lazy.offsets, lazy.timestamps, lazy.keys, lazy.values, lazy.sizes = columns
+    lazy.headers = [None] * len(lazy.offsets)
+    listed = RecordColumns.joined([unpack_v2(b)[0] for b in batches])
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
+    assert n == 2 and decoder.decode("t", 0, lazy).equals(decoder.decode("t", 0, listed))
+    assert decoder.decode("t", 0, lazy.before(2)).equals(decoder.decode("t", 0, listed.before(2)))

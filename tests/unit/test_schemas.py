@@ -129,6 +129,52 @@ def test_decoder_quarantines_what_check_record_rejects() -> None:
     assert good["event_id"] == GOOD.event_id and good["event_date"] == "2023-11-14" and good["kafka_offset"] == 0
 
 
+def test_decoding_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+    from collections import namedtuple
+
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_source import output_tables
+
+    rec = namedtuple("rec", "key value offset timestamp")
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
+    records = RecordColumns.of([rec(None, GOOD.to_json(), 0, 1)])
+    assert gc.isenabled()
+    decoder.decode("t", 0, records)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        decoder.decode("t", 0, records)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(AttributeError):
+        decoder.decode("t", 0, None)  # type: ignore[arg-type]
+    assert gc.isenabled()
+
+
+def test_by_table_cuts_a_routed_batch_into_each_tables_rows() -> None:
+    from collections import namedtuple
+
+    import pyarrow.compute as pc
+
+    from schemas.tables import table
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_source import by_table, output_tables
+
+    rec = namedtuple("rec", "key value offset timestamp")
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
+    for values in ([GOOD.to_json(), b"{", mutate(attempt=2)], [GOOD.to_json(), mutate(attempt=2)]):
+        batch = decoder.decode("t", 0, RecordColumns.of(rec(None, v, i, 1) for i, v in enumerate(values)))
+        parts = by_table(batch)
+        assert sorted(parts) == sorted(set(batch.column("_table").to_pylist()))
+        for name, rows in parts.items():
+            expected = batch.filter(pc.equal(batch.column("_table"), name)).select(table(name).columns)
+            assert rows.schema == table(name).arrow_schema() and rows.to_pylist() == expected.to_pylist()
+
+
 def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() -> None:
     """A producer clock in the year 2100 is caught at the door, with its own reason, and nothing else is."""
     from collections import namedtuple

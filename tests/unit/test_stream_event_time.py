@@ -101,8 +101,10 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
 
     sends = bronze_table(from_send_results(random_stream(1, brokers=12, events=600)
                                            + random_stream(2, brokers=3, events=200, cluster="c2")))
-    for shards in (1, 4):
+    for shards in (1, 4, 12):
         pieces = fault_feed(sends, EVENT_COLUMNS, shards)
+        keys = [parts_of(key)[1:] for key, _, _ in pieces]
+        assert keys == sorted(keys)  # in the sorted order of the keys' strings ("10" before "2")
         seen: dict[tuple[str, str], str] = {}
         for key, name, rows in pieces:
             concern, cluster, shard = parts_of(key)
@@ -113,7 +115,32 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
             assert set(plain(rows).column("cluster").to_pylist()) == {cluster}
         assert sum(r.num_rows for _, _, r in pieces) == sends.num_rows
         assert len(seen) == 15 and len(pieces) <= (2 if shards == 1 else 2 * shards)
-    assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 4 shards
+    assert len({s for (c, _), s in seen.items() if c == "c1"}) > 1  # 12 brokers over 12 shards
+
+
+def test_a_ranges_fault_pieces_hold_the_rows_its_fetches_would() -> None:
+    import json
+
+    from pipeline.faults import EVENT_COLUMNS, from_send_results
+    from streaming.feeds import fault_feed
+    from streaming.kafka_source import _keyed_feeds
+    from tests.doubles.faults_synth import bronze_table, random_stream
+
+    sends = bronze_table(from_send_results(random_stream(3, brokers=9, events=900)))
+    fetches = [sends.slice(0, 250), sends.slice(250, 400), sends.slice(650)]
+    feeds = _keyed_feeds({"feeds": json.dumps(["faults"]), "feed_columns": json.dumps(list(EVENT_COLUMNS)),
+                          "fault_shards": "4"})
+    assert feeds is not None and feeds.per_fetch({"send_results": fetches[0]}) == []
+
+    def by_key(pieces: list) -> dict:
+        out: dict = {}
+        for key, name, rows in pieces:
+            out.setdefault((key, name), []).extend(plain(rows).to_pylist())
+        return out
+
+    whole = feeds.per_range({"send_results": pa.Table.from_batches([b for f in fetches for b in f.to_batches()])})
+    assert by_key(whole) == by_key([p for f in fetches for p in fault_feed(f, EVENT_COLUMNS, 4)])
+    assert len(whole) <= 4
 
 
 def test_keys_name_their_concern() -> None:
