@@ -83,7 +83,7 @@ def per_key(
             else:
                 continue
             states[key], wakeups[key] = state, out.wakeup_ms
-            points += out.points
+            points += out.points.to_pylist() if out.points is not None else []
             for name in ("windows", "health", "quarantine"):
                 rows[name] += getattr(out, name)
         decider, episodes = cluster_step(decider, points, settle, CFG)
