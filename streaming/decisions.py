@@ -37,6 +37,11 @@ class ClusterDecisions:
         self.file_tag = file_tag
         self._saved: tuple[int, dict[str, ClusterState], int] | None = None  # (batch id, states, settle)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the saved state: the sink's write function, which Spark ships to every write
+        task, holds this object, and the state is for the driver only."""
+        return {**self.__dict__, "_saved": None}
+
     def _load(self, batch_id: int) -> tuple[dict[str, ClusterState], int]:
         """The state after the newest batch before ``batch_id`` (and its settle point)."""
         if self._saved is not None and self._saved[0] == batch_id - 1:

@@ -208,3 +208,16 @@ def test_the_sinks_decisions_are_the_same_from_memory_and_from_their_files(outag
     assert any(memory)
     assert run("files", True, False) == memory
     assert run("old", True, True) == memory
+
+
+def test_the_sinks_decisions_travel_to_the_write_tasks_without_their_state(tmp_path: Any) -> None:
+    """Spark ships the sink's write function, which holds the decisions object, to every task."""
+    import pickle
+
+    from pipeline.config import Config
+    from streaming.decisions import ClusterDecisions
+
+    sink = ClusterDecisions(Config(), str(tmp_path), "t")
+    sink._saved = (3, {"c1": ClusterState("c1", heads={"b": 1})}, 9)
+    shipped = pickle.loads(pickle.dumps(sink))
+    assert shipped._saved is None and shipped.folder == sink.folder and sink._saved[0] == 3
