@@ -51,8 +51,9 @@ EVENT_TIME = "_event_time"
 # Bumped whenever the keys, the state's shape or what the tables hold change: an older checkpoint
 # is then refused. 3: the lag keys keep their unsettled events and judge on the event-time grid
 # (GridLag). 4: windows and episodes go to the *_live changelogs; the silver tables get final rows.
-# 5: the fault keys are (cluster, shard of its brokers), no longer (cluster, broker).
-LAYOUT = 5
+# 5: the fault keys are (cluster, shard of its brokers), no longer (cluster, broker). 6: the
+# (cluster, shard) keys end with a counter that spreads them evenly over the tasks (feeds.placed).
+LAYOUT = 6
 
 # -- the state as one binary column -------------------------------------------------------------
 _INT, _STR, _BYTES, _NONE = b"i", b"s", b"b", b"n"

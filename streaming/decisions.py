@@ -6,20 +6,20 @@ cluster's brokers, so each key's step writes its brokers' grid points and
 micro-batch: a few rows per broker instead of every event through one task. Its state (JSON, small)
 is saved in the checkpoint per batch id BEFORE the Delta commits: a batch replayed after a crash
 starts again from the state of the batch before it and writes the same rows, which the commits then
-skip as a replay.
+skip as a replay. The state saved last stays in memory too, so the next batch does not read it back.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from pipeline.config import Config
-from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
+from pipeline.faults.cluster import ClusterState, cluster_step, from_json, loads, to_json
 from streaming.delta_sink import DataFile, write_table_files
 
 FOLDER = "faultwatch-decisions"
@@ -35,23 +35,33 @@ class ClusterDecisions:
         self.root = cfg.storage.root
         self.folder = Path(checkpoint) / FOLDER
         self.file_tag = file_tag
+        self._saved: tuple[int, dict[str, ClusterState], int] | None = None  # (batch id, states, settle)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the saved state: the sink's write function, which Spark ships to every write
+        task, holds this object, and the state is for the driver only."""
+        return {**self.__dict__, "_saved": None}
 
     def _load(self, batch_id: int) -> tuple[dict[str, ClusterState], int]:
         """The state after the newest batch before ``batch_id`` (and its settle point)."""
+        if self._saved is not None and self._saved[0] == batch_id - 1:
+            return dict(self._saved[1]), self._saved[2]
         if not self.folder.exists():
             return {}, 0
         ids = sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit() and int(p.stem) < batch_id)
         if not ids:
             return {}, 0
-        doc = json.loads((self.folder / f"{ids[-1]}.json").read_text())
-        return loads(doc["clusters"]), int(doc["settle_ms"])
+        doc = orjson.loads((self.folder / f"{ids[-1]}.json").read_bytes())
+        clusters = doc["clusters"]  # a JSON text inside the document before 2026-11-26
+        return loads(clusters) if isinstance(clusters, str) else from_json(clusters), int(doc["settle_ms"])
 
     def _save(self, batch_id: int, states: dict[str, ClusterState], settle: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".{batch_id}.json.tmp"
-        tmp.write_text(json.dumps({"clusters": dumps(states), "settle_ms": settle}))
+        tmp.write_bytes(orjson.dumps({"clusters": to_json(states), "settle_ms": settle}, option=orjson.OPT_SORT_KEYS))
         os.replace(tmp, self.folder / f"{batch_id}.json")
         (self.folder / f"{batch_id - KEEP}.json").unlink(missing_ok=True)
+        self._saved = (batch_id, dict(states), settle)
 
     def __call__(self, batch_id: int, extras: list[tuple[str, int, bytes]]) -> list[DataFile]:
         states, settle = self._load(batch_id)

@@ -6,13 +6,20 @@ shard of its consumer groups). The readers have the decoded events in Arrow alre
 them by key themselves and Spark only shuffles small Arrow IPC chunks (one per key and fetch) to
 the tasks that own the keys.
 
-A key is a string: the concern's letter and the key's parts joined by :data:`SEP`.
+A key is a string: the concern's letter and the key's parts joined by :data:`SEP`. Spark sends a
+key to the task of partition ``murmur3(key) mod spark.shuffle_partitions``; a few keys (the shards
+of a cluster) hashed at random leave one task with three or four fault keys and another with none,
+and the stage waits for the busy one. So a (cluster, shard) key ends with the smallest counter that
+sends it to place ``(offset of its cluster + shard) mod`` :data:`PLACES` (:func:`placed`): its
+cluster's shards then spread evenly over 1, 2, 4, 8 or 16 partitions (the default is 4).
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from functools import cache
+from itertools import count
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +50,47 @@ LAG_COORDINATES = ("kafka_topic", "kafka_partition", "kafka_offset")  # per_seco
 LAG_DICTIONARY = ("cluster", "topic", "broker_name", "consumer_group", "client_id", "kafka_topic", "strategy")
 
 
+PLACES = 16  # placed keys spread evenly over any number of partitions that divides this
+
+
 def key_of(concern: str, *parts: object) -> str:
     return SEP.join([concern, *(str(p) for p in parts)])
+
+
+@cache
+def placed(concern: str, cluster: str, shard: int) -> str:
+    """The key of a (cluster, shard) state: :func:`key_of` and the first counter that places it
+    (see the module docstring). The same for every process and run: the state is stored under it."""
+    base = key_of(concern, cluster, shard)
+    target = (zlib.crc32(key_of(concern, cluster).encode()) + shard) % PLACES
+    for n in count():
+        key = base + SEP + str(n)
+        if spark_hash(key.encode()) % PLACES == target:
+            return key
+    raise AssertionError("unreachable")
+
+
+def spark_hash(data: bytes, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a string (Murmur3 x86 32-bit, ``Murmur3_x86_32.hashUnsafeBytes``: the
+    bytes after the last whole 4-byte word are mixed in one at a time, as signed bytes); what its
+    hash partitioning takes modulo the number of partitions. Only placement depends on it."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    def mix(h1: int, k1: int) -> int:
+        k1 = rotl((k1 * 0xCC9E2D51) & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+        return (rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+
+    h1, whole = seed & 0xFFFFFFFF, len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        h1 = mix(h1, int.from_bytes(data[i:i + 4], "little"))
+    for b in data[whole:]:
+        h1 = mix(h1, (b - 256 if b > 127 else b) & 0xFFFFFFFF)
+    h1 ^= len(data)
+    h1 = ((h1 ^ (h1 >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    h1 = ((h1 ^ (h1 >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
 def parts_of(key: str) -> list[str]:
@@ -96,7 +142,7 @@ def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> l
     # encoded once for the whole fetch: every piece then shares the fetch's (small) dictionaries
     slim = encode_dictionary(send_results.select(list(columns)), FAULT_DICTIONARY).append_column("_shard", shard)
     for (cluster, s), part in split_by(slim, ("cluster", "_shard")):
-        out.append((key_of(FAULTS, cluster, s), "send_results", part.drop_columns(["_shard"])))
+        out.append((placed(FAULTS, cluster, int(s)), "send_results", part.drop_columns(["_shard"])))
     return out
 
 
@@ -120,11 +166,11 @@ def lag_feed(tables: dict[str, pa.Table], shards: int) -> list[tuple[str, str, p
             rows = per_second(rows, LAG_COORDINATES)
         if name == "send_results" or shards <= 1:
             for (cluster,), part in split_by(rows, ("cluster",)):
-                out += [(key_of(LAG, cluster, s), name, part) for s in range(max(1, shards))]
+                out += [(placed(LAG, cluster, s), name, part) for s in range(max(1, shards))]
             continue
         shard = pa.array(shard_of(rows.column("consumer_group"), shards).astype(str))
         for (cluster, s), part in split_by(rows.append_column("_shard", shard), ("cluster", "_shard")):
-            out.append((key_of(LAG, cluster, s), name, part.drop_columns(["_shard"])))
+            out.append((placed(LAG, cluster, int(s)), name, part.drop_columns(["_shard"])))
     return out
 
 

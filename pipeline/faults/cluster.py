@@ -9,9 +9,10 @@ small (a few hundred points per broker at most, open episodes, suspicions) and J
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import decide
@@ -116,18 +117,26 @@ def _episode(d: dict[str, Any]) -> ep_mod.Episode:
     )
 
 
-def dumps(states: dict[str, ClusterState]) -> str:
-    """Every cluster's decision state as one JSON document (kept per micro-batch)."""
-    return json.dumps({name: {
+def to_json(states: dict[str, ClusterState]) -> dict[str, Any]:
+    """Every cluster's decision state as JSON values (kept per micro-batch)."""
+    return {name: {
         "brokers": list(s.brokers), "last_tick": s.last_tick, "ahead_tick": s.ahead_tick,
         "suspects": [list(x) for x in s.suspects], "episodes": list(s.episodes),
         "points": {b: list(pts.values()) for b, pts in s.points.items()}, "heads": s.heads,
-    } for name, s in sorted(states.items())}, sort_keys=True)
+    } for name, s in sorted(states.items())}
 
 
-def loads(text: str) -> dict[str, ClusterState]:
+def dumps(states: dict[str, ClusterState]) -> str:
+    return orjson.dumps(to_json(states), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def loads(text: str | bytes) -> dict[str, ClusterState]:
+    return from_json(orjson.loads(text))
+
+
+def from_json(doc: dict[str, Any]) -> dict[str, ClusterState]:
     out = {}
-    for name, d in json.loads(text).items():
+    for name, d in doc.items():
         out[name] = ClusterState(
             name, tuple(d["brokers"]), int(d["last_tick"]), int(d["ahead_tick"]),
             tuple((int(b), int(o), int(r), bool(a), str(w)) for b, o, r, a, w in d["suspects"]),

@@ -1,14 +1,15 @@
 """The fault state as one row of Spark's state store, and back.
 
-Tables travel as Arrow IPC streams (:mod:`pipeline.ipc`): columnar, typed, cheap to write and read,
-and free of Python class paths, so moving a module never breaks a checkpoint (pickle would).
-Integer columns are narrowed to offsets from their minimum (:func:`frame.to_arrow`), which makes
-them small enough that compressing them costs more than it saves (Spark compresses its state
-files itself).
-Scalars and the small dictionaries (broker names, client versions, error classes) travel as JSON.
-An empty table travels as no bytes (each key is encoded and decoded every micro-batch).
-A changed layout bumps :data:`STATE_VERSION`; an unknown version fails loudly instead of misreading
-a checkpoint.
+Every micro-batch decodes and encodes each key's whole state, so the layout is the one that costs
+least both ways: each table's columns as they lie in memory (:func:`frame.to_bytes`), integers
+narrowed to offsets from their minimum, strings as a dictionary over the rows that hold one, the
+whole LZ4-compressed. Spark hands a state to the Python worker through a pickler that copies a
+binary value byte by byte into a string and encodes that as UTF-8, which costs the JVM more per
+byte than LZ4 costs Python. No Python class paths are stored, so moving a module never breaks a
+checkpoint (pickle would). Scalars and the small dictionaries
+(broker names, client versions, error classes) travel as JSON. An empty table travels as no bytes.
+A changed layout bumps :data:`STATE_VERSION`; older versions (Arrow IPC tables) are still read,
+and an unknown one fails loudly instead of misreading a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ import pyarrow as pa
 
 from pipeline.faults.episodes import EPISODE_SCHEMA
 from pipeline.faults.fleet import FleetState
-from pipeline.faults.frame import empty, from_arrow, nrows, to_arrow
+from pipeline.faults.frame import empty, from_arrow, from_bytes, nrows, to_arrow, to_bytes
 from pipeline.faults.pairs import LOG_SCHEMA, PAIR_SCHEMA
 from pipeline.faults.state import FaultState
 from pipeline.faults.windows import WINDOW_SCHEMA
-from pipeline.ipc import ipc_bytes, ipc_table
+from pipeline.ipc import ipc_table
 
-STATE_VERSION = 2  # 2: integer columns narrowed, no compression; 1 (zstd) is still read
-_READS = (1, STATE_VERSION)
+# 3: columns as raw bytes (frame.to_bytes), LZ4; 2: Arrow IPC, integers narrowed; 1: Arrow IPC, zstd
+STATE_VERSION = 3
+_READS = (1, 2, STATE_VERSION)
 # One row for the whole query: the watermark and every cluster's state (see pipeline.faults.fleet).
 # (Array columns in a pandas state schema fail in PySpark 4.3's worker: KeyError 'elementType'.)
 STATE_DDL = "version INT, watermark_ms BIGINT, clusters STRING, states BINARY"
@@ -44,14 +46,21 @@ def encode_state(state: FaultState) -> tuple[Any, ...]:
     header.update({name: list(getattr(state, name)) for name in _NAMES})
     header["suspects"] = [list(x) for x in state.suspects]
     header["ahead_tick"] = state.ahead_tick
-    blobs = [_table_blob(getattr(state, name), schema) for name, schema in _TABLES]
+    blobs = [_compressed(to_bytes(getattr(state, name), schema)) if nrows(getattr(state, name)) else b""
+             for name, schema in _TABLES]
     return (STATE_VERSION, json.dumps(header), *blobs)
 
 
-# An empty table is stored as no bytes: an IPC stream of no rows still costs ~1.5 kB and ~0.5 ms
-# each way (schema, zstd frames), and most brokers' windows and episodes are empty most batches.
-def _table_blob(cols: Any, schema: Any) -> bytes:
-    return ipc_bytes(to_arrow(cols, schema, narrow=True)) if nrows(cols) else b""
+_LZ4 = pa.Codec("lz4")
+
+
+def _compressed(raw: bytes) -> bytes:
+    return struct.pack("<Q", len(raw)) + _LZ4.compress(raw, asbytes=True)
+
+
+def _decompressed(blob: Any) -> bytes:
+    (size,) = struct.unpack_from("<Q", blob, 0)
+    return _LZ4.decompress(memoryview(blob)[8:], decompressed_size=size, asbytes=True)
 
 
 @cache
@@ -61,8 +70,10 @@ def _no_rows(name: str) -> pa.RecordBatch:
     return to_arrow(empty(schema), schema)
 
 
-def _table(name: str, schema: Any, blob: Any) -> Any:
-    return from_arrow(ipc_table(bytes(blob)) if len(blob) else _no_rows(name), schema)
+def _table(name: str, schema: Any, blob: Any, version: int) -> Any:
+    if not len(blob):
+        return from_arrow(_no_rows(name), schema)
+    return from_bytes(_decompressed(blob), schema) if version >= 3 else from_arrow(ipc_table(bytes(blob)), schema)
 
 
 def decode_state(row: tuple[Any, ...]) -> FaultState:
@@ -73,7 +84,8 @@ def decode_state(row: tuple[Any, ...]) -> FaultState:
             "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
         )
     header = json.loads(row[1])
-    tables: dict[str, Any] = {name: _table(name, schema, blob) for (name, schema), blob in zip(_TABLES, row[2:])}
+    tables: dict[str, Any] = {name: _table(name, schema, blob, version)
+                              for (name, schema), blob in zip(_TABLES, row[2:])}
     names: dict[str, Any] = {name: tuple(header[name]) for name in _NAMES}
     return FaultState(
         **{name: header[name] for name in _SCALARS},
@@ -113,9 +125,9 @@ def _cluster_blob(state: FaultState) -> bytes:
     return _pack([parts[1].encode(), *(bytes(b) for b in parts[2:])])
 
 
-def _cluster_state(blob: bytes) -> FaultState:
+def _cluster_state(blob: bytes, version: int) -> FaultState:
     chunks = _unpack(blob)
-    return decode_state((STATE_VERSION, chunks[0].decode(), *chunks[1:]))
+    return decode_state((version, chunks[0].decode(), *chunks[1:]))
 
 
 def encode_fleet(fleet: FleetState) -> tuple[Any, ...]:
@@ -133,5 +145,5 @@ def decode_fleet(row: Any) -> FleetState:
             "Start the faults query with a new checkpoint (it rebuilds from Kafka's retained events)."
         )
     names = json.loads(row[2])
-    clusters = {name: _cluster_state(blob) for name, blob in zip(names, _unpack(bytes(row[3])))}
+    clusters = {name: _cluster_state(blob, version) for name, blob in zip(names, _unpack(bytes(row[3])))}
     return FleetState(int(row[1]), clusters)

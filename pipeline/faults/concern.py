@@ -22,18 +22,14 @@ from pipeline.config import FaultsConfig
 from pipeline.faults.codec import decode_fleet, decode_state, encode_fleet, encode_state
 from pipeline.faults.events import EVENT_COLUMNS, Events, from_arrow_table
 from pipeline.faults.fleet import FleetState, fleet_step
-from pipeline.faults.points import POINT_FIELDS
 from pipeline.faults.state import FaultOutputs, FaultState, initial_state, is_empty, step
 from pipeline.stateful import Clock, Stepped, concat
 from schemas.faults import SETTLES_INTO
 from schemas.tables import table
 
 POINTS = "_points"  # the brokers' grid points: rows for the cluster decision, not a table
-_POINT_TYPES = {"cluster": pa.string(), "broker_name": pa.string(), "bucket_errors": pa.string(),
-                "p99": pa.float64(), "seen": pa.bool_()}
-POINT_SCHEMA = pa.schema([(f, _POINT_TYPES.get(f, pa.int64())) for f in POINT_FIELDS])
 _OUTPUTS = (("producer_fault_windows_live", "windows"), ("broker_fault_episodes_live", "episodes"),
-            ("broker_health", "health"), ("quarantine", "quarantine"), (POINTS, "points"))
+            ("broker_health", "health"), ("quarantine", "quarantine"))
 
 
 @cache
@@ -45,7 +41,7 @@ def event_schema() -> pa.Schema:
 
 @cache
 def _schema(name: str) -> pa.Schema:
-    return POINT_SCHEMA if name == POINTS else table(name).arrow_schema()
+    return table(name).arrow_schema()
 
 
 def send_results(chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
@@ -79,6 +75,8 @@ def output_tables(out: FaultOutputs) -> dict[str, pa.Table]:
         rows = getattr(out, attr)
         if rows:
             tables[name] = pa.Table.from_pylist(rows, schema=_schema(name))
+    if out.points is not None and out.points.num_rows:
+        tables[POINTS] = out.points
     return with_settled(tables)
 
 

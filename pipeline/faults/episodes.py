@@ -163,41 +163,82 @@ def broker_points(
     errors: tuple[str, ...], cfg: FaultsConfig,
 ) -> tuple[list[Point], list[bool]]:
     """One broker's :class:`episodes.Point` at each of ``ticks``, and whether it had a send in the
-    active-producer window there, over all ticks at once.
+    active-producer window there (:func:`broker_columns` as objects)."""
+    cols = broker_columns(ticks, sends, w_start, w_end, w_pair, errors, cfg)
+    counts = [cols[name].tolist() for name in POINT_COUNTS]
+    points = [Point(**dict(zip(POINT_COUNTS, values)), p99=p99) for *values, p99 in zip(*counts, cols["p99"].tolist())]
+    for k, errs in cols["bucket_errors"].items():
+        points[k].bucket_errors = errs
+    return points, cols["seen"].tolist()
 
-    ``sends`` holds the broker's log rows (:data:`POINT_COLUMNS`) in time order; the windows are
-    the ones the quorum counts. A distinct count over a range of rows is the number of rows there
-    whose pair does not come again before the range ends (:func:`next_same`), taken for every tick
-    at once (:func:`_distinct`); only the p99s and the error counts of a tick with failures take a
-    step per tick.
+
+# The integer fields of a Point.
+POINT_COUNTS = ("avoiding", "active", "sends", "failures", "failing", "slow", "bucket_sends", "bucket_failures")
+
+
+def broker_columns(
+    ticks: np.ndarray, sends: Cols, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray,
+    errors: tuple[str, ...], cfg: FaultsConfig,
+) -> dict[str, Any]:
+    """One broker's :class:`Point` fields at each of ``ticks`` as arrays (:func:`grid_columns`
+    with one block); ``sends`` holds its log rows (:data:`POINT_COLUMNS`) in time order."""
+    zeros = np.zeros(len(ticks), dtype=np.int64)
+    return grid_columns(ticks, zeros, sends, np.zeros(len(sends["ts"]), dtype=np.int64),
+                        w_start, w_end, w_pair, np.zeros(len(w_start), dtype=np.int64), errors, cfg)
+
+
+def grid_columns(
+    ticks: np.ndarray, tick_block: np.ndarray, sends: Cols, row_block: np.ndarray,
+    w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray, w_block: np.ndarray,
+    errors: tuple[str, ...], cfg: FaultsConfig,
+) -> dict[str, Any]:
+    """The :class:`Point` fields at each of ``ticks`` as arrays, over all ticks of several brokers
+    at once; ``bucket_errors`` only for the ticks with failures in their bucket ({tick position:
+    Counter}), and ``seen``: whether the broker had a send in the active-producer window there.
+
+    Each broker is a block (``tick_block``, ``row_block``, ``w_block``: its number): ``sends``
+    holds the brokers' log rows (:data:`POINT_COLUMNS`) in (block, time) order, ``ticks`` are in
+    (block, time) order, the windows are the ones the quorum counts. A tick's rows are then one
+    range of ``sends``, and the ranges ascend. A distinct count over a range of rows is the number
+    of rows there whose pair does not come again before the range ends (:func:`next_same`; a pair
+    is one producer and one broker, so it never crosses a block), taken for every tick at once
+    (:func:`_distinct`); only the p99s and the error counts of a tick with failures take a step
+    per tick.
     """
     interval = int(cfg.evaluation_interval_s * 1000)
     act_ms, out_ms = int(cfg.active_producer_window_s * 1000), int(cfg.outlier_window_s * 1000)
     ts, lat, pair, failed = sends["ts"], sends["latency"], sends["pair"], sends["failed"]
-    hi = np.searchsorted(ts, ticks, side="right")
-    lo_out = np.searchsorted(ts, ticks - out_ms, side="right")
-    lo_act = np.searchsorted(ts, ticks - act_ms, side="right")
-    lo_bkt = np.searchsorted(ts, ticks - interval, side="right")
+    # (block, time) as one ascending integer: ranges of every block from one search each
+    low = [int(ticks.min()) - max(act_ms, out_ms, interval)] if len(ticks) else []
+    high = [int(ticks.max())] if len(ticks) else []
+    base = min([*low, *([int(ts.min())] if len(ts) else [])], default=0)
+    span = max([*high, *([int(ts.max())] if len(ts) else [])], default=0) - base + 1
+    keys = row_block * span + (ts - base)
+
+    def ends(back: int) -> np.ndarray:
+        return np.searchsorted(keys, tick_block * span + (ticks - back - base), side="right")
+
+    hi, lo_out, lo_act, lo_bkt = ends(0), ends(out_ms), ends(act_ms), ends(interval)
     cum_fail = np.concatenate([[0], np.cumsum(failed)])
-    n_sends, failures = hi - lo_out, cum_fail[hi] - cum_fail[lo_out]
-    bucket_sends, bucket_failures = hi - lo_bkt, cum_fail[hi] - cum_fail[lo_bkt]
-    active = _distinct(pair, lo_act, hi)
-    failing = _distinct_where(pair, failed, lo_out, hi)
-    slow = _distinct_where(pair, lat >= cfg.outlier_min_latency_ms, lo_out, hi)
-    avoiding, idle = _avoiding(ticks, w_start, w_end, w_pair, pair, lo_act, hi)
-    points = []
-    for k in range(len(ticks)):
-        p = Point(avoiding=int(avoiding[k]), active=int(active[k] + idle[k]), sends=int(n_sends[k]),
-                         failures=int(failures[k]), bucket_sends=int(bucket_sends[k]),
-                         bucket_failures=int(bucket_failures[k]))
-        if p.sends:
-            p.p99 = quantile(lat[lo_out[k]:hi[k]], 0.99)
-            p.failing, p.slow = int(failing[k]), int(slow[k])
-        if p.bucket_failures:
-            seg = slice(int(lo_bkt[k]), int(hi[k]))
-            p.bucket_errors = Counter(errors[e] for e in sends["err"][seg][failed[seg]].tolist())
-        points.append(p)
-    return points, (hi - lo_act > 0).tolist()
+    n_sends = hi - lo_out
+    avoiding, idle = _avoiding(ticks, tick_block, w_start, w_end, w_pair, w_block, pair, lo_act, hi)
+    p99 = np.zeros(len(ticks), dtype=np.float64)
+    for k, (a, b) in enumerate(zip(lo_out.tolist(), hi.tolist())):
+        if b > a:
+            p99[k] = quantile(lat[a:b], 0.99)
+    bucket_failures = cum_fail[hi] - cum_fail[lo_bkt]
+    bucket_errors = {}
+    for k in np.flatnonzero(bucket_failures).tolist():
+        seg = slice(int(lo_bkt[k]), int(hi[k]))
+        bucket_errors[k] = Counter(errors[e] for e in sends["err"][seg][failed[seg]].tolist())
+    return {
+        "avoiding": avoiding, "active": _distinct(pair, lo_act, hi) + idle, "sends": n_sends,
+        "failures": cum_fail[hi] - cum_fail[lo_out],
+        "failing": _distinct_where(pair, failed, lo_out, hi),
+        "slow": _distinct_where(pair, lat >= cfg.outlier_min_latency_ms, lo_out, hi),
+        "bucket_sends": hi - lo_bkt, "bucket_failures": bucket_failures,
+        "p99": p99, "bucket_errors": bucket_errors, "seen": hi - lo_act > 0,
+    }
 
 
 def _distinct(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -228,14 +269,15 @@ def _distinct_where(values: np.ndarray, where: np.ndarray, lo: np.ndarray, hi: n
 
 
 def _avoiding(
-    ticks: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray, pair: np.ndarray,
-    lo_act: np.ndarray, hi: np.ndarray,
+    ticks: np.ndarray, tick_block: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, w_pair: np.ndarray,
+    w_block: np.ndarray, pair: np.ndarray, lo_act: np.ndarray, hi: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per tick: the producers with a window covering it, and how many of those sent nothing in
-    the active window (they count as active all the same)."""
+    """Per tick: the producers with a window of its block covering it, and how many of those sent
+    nothing in the active window (they count as active all the same)."""
     avoiding = np.zeros(len(ticks), dtype=np.int64)
     idle = np.zeros(len(ticks), dtype=np.int64)
-    covering = (w_start[None, :] <= ticks[:, None]) & (w_end[None, :] > ticks[:, None])
+    covering = ((w_start[None, :] <= ticks[:, None]) & (w_end[None, :] > ticks[:, None])
+                & (w_block[None, :] == tick_block[:, None]))
     if not covering.any():
         return avoiding, idle
     k, w = np.nonzero(covering)

@@ -8,10 +8,13 @@ Strings (and nullable values) live in ``object`` arrays.
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -125,6 +128,89 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema) -> Cols:
                 values = values.astype(dtype)
                 values += np.asarray(int(meta[BASE]), dtype=dtype)
             out[name] = values.astype(dtype, copy=False)
+    return out
+
+
+def to_bytes(cols: Cols, schema: Schema) -> bytes:
+    """``cols`` as one blob: a JSON header, then each column's values as they lie in memory.
+
+    Integer columns are narrowed as by :func:`to_arrow`, strings (object columns) stored as a
+    dictionary over the rows that hold one. Reading it back (:func:`from_bytes`) is a copy per
+    column; an Arrow IPC stream costs a fixed toll per column and a conversion per string, and
+    the fault state goes through the state store every micro-batch.
+    """
+    specs: list[list[Any]] = []
+    parts: list[Any] = []
+    for name, dtype in schema.items():
+        spec, buffers = _strings(cols[name]) if dtype == "object" else _numbers(cols[name], dtype)
+        specs.append(spec)
+        parts += buffers
+    head = json.dumps({"n": nrows(cols), "cols": specs}).encode()
+    return b"".join([struct.pack("<I", len(head)), head, *parts])
+
+
+def _numbers(values: np.ndarray, dtype: str) -> tuple[list[Any], list[np.ndarray]]:
+    """[stored dtype, base (None: not narrowed), bytes] and the buffer."""
+    base = None
+    if dtype in ("int64", "int32") and len(values):
+        values, meta = _narrowed(values)
+        base = int(meta[BASE]) if meta else None
+    values = np.ascontiguousarray(values, dtype=values.dtype if base is not None else dtype)
+    return [values.dtype.str, base, values.nbytes], [values]
+
+
+def _strings(values: np.ndarray) -> tuple[list[Any], list[np.ndarray]]:
+    """["object", distinct values, row positions' dtype (None: every row), codes' dtype, their
+    bytes] and the buffers: positions of the rows with a value, each one's code in the values."""
+    n = len(values)
+    rows = np.flatnonzero(~pd.isna(values)) if n else np.empty(0, dtype=np.int64)
+    codes, words = pd.factorize(values[rows] if len(rows) < n else values)
+    buffers, where = [], None
+    if len(rows) < n:
+        where = _unsigned(n).str
+        buffers.append(rows.astype(where))
+    codes = codes.astype(_unsigned(len(words)))
+    buffers.append(codes)
+    return ["object", words.tolist(), where, codes.dtype.str, [b.nbytes for b in buffers]], buffers
+
+
+def _unsigned(top: int) -> np.dtype:
+    """The smallest unsigned type that holds every value below ``top``."""
+    for unsigned, limit in _UNSIGNED:
+        if top <= limit:
+            return np.dtype(unsigned)
+    return np.dtype(np.uint64)
+
+
+def from_bytes(blob: bytes, schema: Schema) -> Cols:
+    """The columns :func:`to_bytes` stored, with ``schema``'s dtypes."""
+    (size,) = struct.unpack_from("<I", blob, 0)
+    head = json.loads(bytes(blob[4:4 + size]))
+    n, pos = int(head["n"]), 4 + size
+    out: Cols = {}
+    for (name, dtype), spec in zip(schema.items(), head["cols"]):
+        if dtype == "object":
+            _, words, where, code_type, sizes = spec
+            buffers = []
+            for kind, nbytes in zip([where, code_type] if where else [code_type], sizes):
+                buffers.append(np.frombuffer(blob, dtype=kind, count=nbytes // np.dtype(kind).itemsize, offset=pos))
+                pos += nbytes
+            table = np.empty(len(words), dtype=object)
+            table[:] = words
+            if where:
+                column = np.empty(n, dtype=object)  # None where no value was stored
+                column[buffers[0]] = table[buffers[1]]
+            else:
+                column = table[buffers[0]]
+            out[name] = column
+            continue
+        stored, base, nbytes = spec
+        raw = np.frombuffer(blob, dtype=stored, count=nbytes // np.dtype(stored).itemsize, offset=pos)
+        pos += nbytes
+        column = raw.astype(dtype)  # a copy: the state's arrays are written to
+        if base is not None:
+            column += np.asarray(base, dtype=dtype)  # wraps back exactly where the cast wrapped
+        out[name] = column
     return out
 
 

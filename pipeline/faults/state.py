@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import decide, health, intake, pairs, windows
@@ -63,7 +64,7 @@ class FaultOutputs:
     quarantine: list[dict[str, Any]]
     wakeup_ms: int | None  # the watermark at which the state wants a step without events
     stats: dict[str, int]
-    points: list[dict[str, Any]] = field(default_factory=list)  # per-broker grid points (points mode)
+    points: pa.Table | None = None  # per-broker grid points (points mode; points.POINT_SCHEMA)
 
 
 def initial_state(cluster: str) -> FaultState:
@@ -172,7 +173,7 @@ def step(
         np.maximum.at(last_end, pos[known], wins["end"][known])
         table["last_window_end"] = np.maximum(table["last_window_end"], last_end)
     next_minute, health_rows = _health(state, log, wins, settle, brokers, errors, cfg)
-    point_rows: list[dict[str, Any]] = []
+    point_rows = None
     suspects: tuple[Suspect, ...]
     episode_rows: list[dict[str, Any]]
     if points:

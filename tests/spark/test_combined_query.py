@@ -123,3 +123,17 @@ def test_each_cluster_gets_what_the_pure_step_writes_at_the_batches_settle_point
     c2_last_event = int(take(cols, cols["cluster"] == "c2")["ts_ms"].max())
     # c2's last minute was settled by a timeout (no c2 event in the last batch)
     assert last_minute_c2 == c2_last_event // 60_000 * 60_000
+
+
+def test_keys_are_placed_by_sparks_own_hash(spark: Any) -> None:
+    """streaming.feeds places keys with a copy of Spark's hash(): it must agree with Spark's."""
+    import random
+
+    from streaming.feeds import FAULTS, LAG, placed, spark_hash
+
+    rng = random.Random(7)
+    keys = ["", "é", "\x1f\xff"] + ["".join(chr(rng.randrange(1, 700)) for _ in range(rng.randrange(0, 20)))
+                                  for _ in range(300)]
+    keys += [placed(concern, f"cluster-{c}", s) for concern in (FAULTS, LAG) for c in range(3) for s in range(8)]
+    rows = spark.createDataFrame([(k,) for k in keys], "k string").selectExpr("k", "hash(k) AS h").collect()
+    assert [r.h for r in rows] == [spark_hash(r.k.encode()) for r in rows]

@@ -83,7 +83,7 @@ def per_key(
             else:
                 continue
             states[key], wakeups[key] = state, out.wakeup_ms
-            points += out.points
+            points += out.points.to_pylist() if out.points is not None else []
             for name in ("windows", "health", "quarantine"):
                 rows[name] += getattr(out, name)
         decider, episodes = cluster_step(decider, points, settle, CFG)
@@ -157,3 +157,67 @@ def test_a_broker_without_events_keeps_its_forecast(outage: Any) -> None:
     assert dead
     quiet = [int(np.count_nonzero(events["broker_name"] == "broker-c")) for events, _ in batches]
     assert 0 in quiet[:-1]  # some batches have no send to it at all
+
+
+def test_the_sinks_decisions_are_the_same_from_memory_and_from_their_files(outage: Any, tmp_path: Any) -> None:
+    """streaming.decisions keeps the state it saved last in memory: the rows are those of a sink
+    that reads every batch's state back from its file, also from a file in the format before
+    2026-11-26 (the clusters as a JSON text inside the document)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pipeline.config import Config
+    from pipeline.faults.points import POINT_SCHEMA
+    from pipeline.ipc import ipc_bytes
+    from streaming.decisions import CLOCK, POINTS, ClusterDecisions
+
+    batches, per_batch = batches_of(outage, 5_000), []
+    states: dict[str, Any] = {}
+    previous, key_of = 0, by_shard(8)
+    for events, settle in batches:
+        keys = np.asarray([key_of(b) for b in events["broker_name"].tolist()], dtype=object)
+        rows: list[dict] = []
+        for key in sorted(set(keys.tolist())):
+            states[key], out = step(states.get(key) or initial_state("DefaultCluster"), take(events, keys == key),
+                                    previous, CFG, None, settle, points=True)
+            rows += out.points.to_pylist() if out.points is not None else []
+        extra = [(CLOCK, settle, b"")]
+        if rows:
+            extra.append((POINTS, len(rows), ipc_bytes(pa.Table.from_pylist(rows, schema=POINT_SCHEMA))))
+        per_batch.append(extra)
+        previous = settle
+
+    def run(name: str, fresh: bool, old_format: bool) -> list[list[dict]]:
+        cfg = Config().replace(storage__root=str(tmp_path / name / "tables"))
+        folder = tmp_path / name / "ck"
+        sink, written = ClusterDecisions(cfg, str(folder), "t"), []
+        for batch_id, extra in enumerate(per_batch):
+            if old_format and batch_id:
+                path = sink.folder / f"{batch_id - 1}.json"
+                doc = json.loads(path.read_text())
+                path.write_text(json.dumps({"clusters": json.dumps(doc["clusters"]), "settle_ms": doc["settle_ms"]}))
+            if fresh:
+                sink = ClusterDecisions(cfg, str(folder), "t")
+            files = sink(batch_id, extra)
+            written.append(sorted((f.table, repr(pq.read_table(tmp_path / name / "tables" / f.table / f.path).to_pylist()))
+                                  for f in files))
+        return written
+
+    memory = run("memory", False, False)
+    assert any(memory)
+    assert run("files", True, False) == memory
+    assert run("old", True, True) == memory
+
+
+def test_the_sinks_decisions_travel_to_the_write_tasks_without_their_state(tmp_path: Any) -> None:
+    """Spark ships the sink's write function, which holds the decisions object, to every task."""
+    import pickle
+
+    from pipeline.config import Config
+    from streaming.decisions import ClusterDecisions
+
+    sink = ClusterDecisions(Config(), str(tmp_path), "t")
+    sink._saved = (3, {"c1": ClusterState("c1", heads={"b": 1})}, 9)
+    shipped = pickle.loads(pickle.dumps(sink))
+    assert shipped._saved is None and shipped.folder == sink.folder and sink._saved[0] == 3

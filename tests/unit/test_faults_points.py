@@ -93,3 +93,36 @@ def test_distinct_counts_per_range_equal_a_set_per_range(seed: int) -> None:
     hi = np.maximum.accumulate(hi)
     want = [len(set(values[a:b].tolist())) for a, b in zip(lo.tolist(), hi.tolist())]
     assert ep_mod._distinct(values, lo, hi).tolist() == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grid_columns_of_several_brokers_equal_each_brokers_own(seed: int) -> None:
+    """forecasts computes every broker of a state in one pass, each a block of rows and ticks."""
+    rng = np.random.default_rng(200 + seed)
+    cfg = FaultsConfig(quorum_counts_shadow_windows=bool(seed % 2))
+    log, wins = random_log(rng, int(rng.choice([0, 40, 1500])), int(rng.integers(0, 40)), 30, brokers=4)
+    order = np.lexsort((log["ts"], log["broker"]))
+    log = {name: values[order] for name, values in log.items()}
+    use = np.ones(len(wins["pair"]), dtype=bool) if cfg.quorum_counts_shadow_windows else wins["enable"]
+    blocks = [0, 2, 3]  # broker 1 left out: its rows and windows must not count
+    ticks = [np.sort(rng.choice(TICKS, int(rng.integers(0, len(TICKS))), replace=False)) for _ in blocks]
+    rows = np.flatnonzero(np.isin(log["broker"], blocks))
+    wsel = np.flatnonzero(use & np.isin(wins["broker"], blocks))
+    got = ep_mod.grid_columns(
+        np.concatenate(ticks), np.repeat(np.arange(len(blocks)), [len(t) for t in ticks]),
+        {name: values[rows] for name, values in log.items()}, np.searchsorted(blocks, log["broker"][rows]),
+        wins["start"][wsel], wins["end"][wsel], wins["pair"][wsel], np.searchsorted(blocks, wins["broker"][wsel]),
+        ERRORS, cfg)
+    at = 0
+    for b, mine in zip(blocks, ticks):
+        sel = log["broker"] == b
+        w = use & (wins["broker"] == b)
+        want = ep_mod.broker_columns(mine, {name: values[sel] for name, values in log.items()},
+                                     wins["start"][w], wins["end"][w], wins["pair"][w], ERRORS, cfg)
+        for name, values in want.items():
+            if name == "bucket_errors":
+                assert {k: v for k, v in got[name].items() if at <= k < at + len(mine)} == \
+                    {k + at: v for k, v in values.items()}
+            else:
+                assert got[name][at:at + len(mine)].tolist() == values.tolist(), name
+        at += len(mine)

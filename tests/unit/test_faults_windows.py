@@ -252,31 +252,55 @@ def test_state_survives_the_state_store_encoding_unchanged() -> None:
     assert out_a == out_b and encode_state(a) == encode_state(b)
 
 
-def test_a_state_written_by_version_1_reads_the_same() -> None:
-    """Checkpoints from before the integer columns were narrowed (zstd, full width) still load."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_state_written_by_an_older_version_reads_the_same(version: int) -> None:
+    """Checkpoints from before the columns were stored raw still load: version 2 (Arrow IPC,
+    integer columns narrowed) and version 1 (Arrow IPC, zstd, full width)."""
     from pipeline.faults.codec import _TABLES
     from pipeline.faults.frame import to_arrow
     from pipeline.ipc import ipc_bytes
 
     state, _ = step(initial_state("c1"), from_send_results(random_stream(9, events=800)), 0, CFG)
     row = encode_state(state)
-    old = (1, row[1], *(ipc_bytes(to_arrow(getattr(state, name), schema), compress=True) if blob else b""
-                        for (name, schema), blob in zip(_TABLES, row[2:])))
-    assert row[0] == 2 and old != row
+    old = (version, row[1], *(ipc_bytes(to_arrow(getattr(state, name), schema, narrow=version == 2),
+                                        compress=version == 1) if blob else b""
+                              for (name, schema), blob in zip(_TABLES, row[2:])))
+    assert row[0] == 3 and old != row
     assert encode_state(decode_state(old)) == row
 
 
 @pytest.mark.parametrize("values", [[5, 5], [-3, 250, 7], [0, 70_000, 1], [-(2**40), 2**40],
                                     [np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max]])
 def test_narrowed_integer_columns_come_back_exactly(values: list[int]) -> None:
-    from pipeline.faults.frame import from_arrow, to_arrow
+    from pipeline.faults.frame import from_arrow, from_bytes, to_arrow, to_bytes
     from pipeline.ipc import ipc_bytes, ipc_table
 
     schema = {"i64": "int64", "i32": "int32"}
     cols = {"i64": np.asarray(values, dtype=np.int64), "i32": np.clip(values, -(2**31), 2**31 - 1).astype(np.int32)}
-    back = from_arrow(ipc_table(ipc_bytes(to_arrow(cols, schema, narrow=True))), schema)
+    for back in (from_arrow(ipc_table(ipc_bytes(to_arrow(cols, schema, narrow=True))), schema),
+                 from_bytes(to_bytes(cols, schema), schema)):
+        for name, dtype in schema.items():
+            assert back[name].dtype == dtype and back[name].tolist() == cols[name].tolist()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 300])
+def test_raw_columns_come_back_exactly(rows: int) -> None:
+    """Every column kind of the raw layout: strings with and without gaps, floats, booleans, int8."""
+    from pipeline.faults.frame import from_bytes, to_bytes
+
+    rng = np.random.default_rng(rows)
+    schema = {"s": "object", "gaps": "object", "none": "object", "f": "float64", "b": "bool", "i8": "int8",
+              "i64": "int64"}
+    words = np.asarray(["a", "", "é|x", "a b"], dtype=object)
+    gaps = words[rng.integers(0, 4, rows)]
+    gaps[rng.random(rows) < 0.7] = None
+    cols = {"s": words[rng.integers(0, 4, rows)], "gaps": gaps, "none": np.full(rows, None, dtype=object),
+            "f": rng.normal(size=rows), "b": rng.random(rows) < 0.5, "i8": rng.integers(-128, 128, rows).astype(np.int8),
+            "i64": rng.integers(-(2**62), 2**62, rows)}
+    back = from_bytes(to_bytes(cols, schema), schema)
     for name, dtype in schema.items():
         assert back[name].dtype == dtype and back[name].tolist() == cols[name].tolist()
+        back[name][:] = back[name][::-1]  # writable: the state's arrays are written to
 
 
 def test_the_order_rows_arrive_in_does_not_matter() -> None:

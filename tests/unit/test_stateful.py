@@ -28,7 +28,7 @@ from pipeline.lag.codec import encode_state as lag_encode
 from pipeline.lag.concern import Lag
 from pipeline.stateful import Clock
 from schemas.tables import ROUTE_COLUMN, table
-from streaming.feeds import fault_feed, lag_feed
+from streaming.feeds import LAG, fault_feed, lag_feed, parts_of
 from streaming.stateful import event_clock, read_chunks, routed_frame, step_key
 from tests.doubles.faults_synth import bronze_table, random_stream
 from tests.doubles.lag_synth import bronze_rows, membership, progress, send
@@ -119,7 +119,7 @@ def bronze_chunks(evs: list[Any], cfg: LagConfig) -> dict[str, list[pa.Table]]:
         rows = routed.filter(pa.array([n == name for n in names]))
         by_table[name] = rows.select(table(name).columns)
     feed = lag_feed(by_table, cfg.shards)
-    assert {key for key, _, _ in feed} == {"l\x1fc1\x1f0"}
+    assert [parts_of(key)[:3] for key, _, _ in feed] == [[LAG, "c1", "0"]] * len(feed)
     tables, _, _ = read_chunks(iter([reader_frame(feed, 0, 0)]))
     return tables
 

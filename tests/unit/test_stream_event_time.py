@@ -107,7 +107,7 @@ def test_fault_feed_keeps_each_broker_under_one_shard_of_its_cluster() -> None:
         assert keys == sorted(keys)  # in the sorted order of the keys' strings ("10" before "2")
         seen: dict[tuple[str, str], str] = {}
         for key, name, rows in pieces:
-            concern, cluster, shard = parts_of(key)
+            concern, cluster, shard, _ = parts_of(key)
             assert (concern, name) == (FAULTS, "send_results") and 0 <= int(shard) < shards
             for broker in set(plain(rows).column("broker_name").to_pylist()):
                 assert seen.setdefault((cluster, broker), shard) == shard
@@ -145,6 +145,26 @@ def test_a_ranges_fault_pieces_hold_the_rows_its_fetches_would() -> None:
 
 def test_keys_name_their_concern() -> None:
     assert parts_of(key_of(FAULTS, "c1")) == [FAULTS, "c1"]
+
+
+def test_spark_hash_is_sparks() -> None:
+    """Values of Spark 4's ``hash()`` (tests/spark/test_combined_query.py compares many more)."""
+    from streaming.feeds import spark_hash
+
+    assert [spark_hash(k.encode()) for k in ("", "a", "abcde", "f\x1fc1\x1f0", "é")] == \
+        [142593372, 1485273170, 814637928, -899515064, 2119106806]
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 4, 8, 16])
+def test_a_clusters_shards_are_placed_evenly_over_the_partitions(partitions: int) -> None:
+    from streaming.feeds import PLACES, placed, spark_hash
+
+    for cluster in ("c1", "DefaultCluster", "集群"):
+        for concern, shards in ((FAULTS, 8), (FAULTS, 16), (LAG, 4)):
+            keys = [placed(concern, cluster, s) for s in range(shards)]
+            assert [parts_of(k)[:3] for k in keys] == [[concern, cluster, str(s)] for s in range(shards)]
+            at = [spark_hash(k.encode()) % PLACES % partitions for k in keys]
+            assert max(map(at.count, set(at))) - min(at.count(p) for p in range(partitions)) <= 1
 
 
 @pytest.mark.parametrize("values", [(), (1, "a", b"\x00\xff", None, -5, ""), (2**62, "é" * 3, b"")])
