@@ -152,6 +152,11 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # (docs/performance.md).
         .config("spark.driver.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
         .config("spark.executor.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
+        # A stateful task prefers the executor that holds its state store, and by default a free
+        # executor waits 3 s before it takes another one's task: on a cluster a whole micro-batch
+        # could stall for it. The fault and lag states are a few MiB, cheaper to load from the
+        # checkpoint than to wait for; an executor still takes its own tasks first.
+        .config("spark.locality.wait", "0s")
     )
     if is_local_path(cfg.storage.checkpoint_root):
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)

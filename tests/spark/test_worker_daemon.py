@@ -36,3 +36,8 @@ def test_local_checkpoints_use_the_file_system_manager(spark: Any) -> None:
     from streaming.session import LOCAL_CHECKPOINT_MANAGER
 
     assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == LOCAL_CHECKPOINT_MANAGER
+
+
+def test_a_free_executor_takes_a_stateful_task_without_the_locality_wait(spark: Any) -> None:
+    """Spark's 3 s default would let a cluster's micro-batch wait for the executor holding a state store."""
+    assert spark.sparkContext.getConf().get("spark.locality.wait") == "0s"
