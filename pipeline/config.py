@@ -126,7 +126,7 @@ class StorageConfig:
 class StreamConfig:
     trigger_interval_s: float = 5.0
     watermark_delay_s: float = 30.0
-    max_events_per_batch: int = 400_000
+    max_events_per_batch: int = 800_000
     # A Kafka partition with more new records than this is read by several Spark tasks; partitions
     # with fewer than a tenth of it in all are read by one.
     max_events_per_task: int = 50_000
