@@ -128,6 +128,7 @@ def _hop(buf: bytearray, pos: int, count: int, starts: list[int], ends: list[int
     start, stop = starts.append, ends.append
     try:
         for _ in range(count):
+            # the length varint read inline, as kafka_records.unpack_v2 does (a call per varint costs more)
             v = buf[pos]
             if v < 0x80:
                 pos += 1
