@@ -1,17 +1,15 @@
 """Faster unpacking of fetched record batches for kafka-python's consumer.
 
-kafka-python turns every fetched record into a ``ConsumerRecord`` through several layers of Python:
-a function call per varint, a ``DefaultRecord`` object, two copies of key and value, header sizes.
-In a bronze read task that was about 60% of the time (bench/ingest.py). :class:`FastPartitionRecords`
-replaces only that per-record part for message format v2 (every Kafka since 0.11): one flat loop per
-batch that reads the varints inline and yields the very same ``ConsumerRecord`` tuples, field by
-field. :class:`ColumnarPartitionRecords` goes further for the Kafka source's tasks, which read
-only offsets, timestamps, keys and values: it fills :class:`RecordColumns` and builds no
-per-record tuple, unpacking a fetch's plain batches together with numpy
+kafka-python turns every fetched record into a ``ConsumerRecord`` through several layers of Python
+(a call per varint, a ``DefaultRecord`` object, two copies of key and value): most of a bronze read
+task's time (docs/performance.md). :class:`FastPartitionRecords` replaces only that per-record part
+for message format v2 (every Kafka since 0.11): one flat loop per batch that reads the varints
+inline and yields the very same ``ConsumerRecord`` tuples. :class:`ColumnarPartitionRecords` goes
+further for the Kafka source's tasks, which read only offsets, timestamps, keys and values: it fills
+:class:`RecordColumns`, unpacking a fetch's plain batches together with numpy
 (:mod:`streaming.kafka_batches`) and any other batch with the same loop (:func:`unpack_v2`).
-Everything around it stays kafka-python's: the fetch protocol and sessions, positions, batch CRC
-checks, decompression, control batches, the skipping of records before the fetch offset. Legacy
-batches (magic 0 and 1), ``read_committed`` consumers and consumers with
+Everything around it stays kafka-python's (fetch protocol, positions, CRC checks, decompression,
+control batches); legacy batches (magic 0 and 1), ``read_committed`` consumers and consumers with
 deserializers take kafka-python's own loop unchanged.
 
 :func:`install` puts it into one consumer. It leans on kafka-python internals (``Fetcher`` and
