@@ -56,6 +56,30 @@ def test_commit_once_per_table_and_batch_replays_skipped(tmp_path: Path) -> None
         assert dt.transaction_version("test:sink") == 0
 
 
+def test_a_loaded_table_sees_other_writers_and_a_table_made_anew(tmp_path: Path) -> None:
+    """The sink keeps tables loaded between batches; what another writer committed meanwhile, and a
+    table deleted and made again at the same path, must still decide what is a replay."""
+    import shutil
+
+    w = _writer(tmp_path)
+    w.commit([w.write(iter([_rows("broker_health", 3)]))], 0)
+    other = RoutedDeltaWriter(str(tmp_path), TABLES, "test:other")
+    other.commit([other.write(iter([_rows("broker_health", 1)]))], 0)
+    w.commit([w.write(iter([_rows("broker_health", 2)]))], 1)
+    dt = DeltaTable(str(tmp_path / "broker_health"))
+    assert dt.to_pyarrow_table().num_rows == 6
+    assert (dt.transaction_version("test:sink"), dt.transaction_version("test:other")) == (1, 0)
+
+    shutil.rmtree(tmp_path / "broker_health")  # made anew: batch 1 is no longer in its log ...
+    ensure_tables(str(tmp_path), TABLES)
+    for batch in range(3):  # ... and the new log reaches the versions the old one had
+        other.commit([other.write(iter([_rows("broker_health", 1)]))], batch)
+    w.commit([w.write(iter([_rows("broker_health", 4)]))], 1)
+    dt = DeltaTable(str(tmp_path / "broker_health"))
+    assert dt.to_pyarrow_table().num_rows == 7
+    assert dt.transaction_version("test:sink") == 1
+
+
 def test_abort_deletes_the_files_of_an_uncommitted_batch_only(tmp_path: Path) -> None:
     w = _writer(tmp_path)
     committed = w.write(iter([_rows("broker_health", 3)]))
