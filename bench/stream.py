@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -133,6 +134,45 @@ class RunFigures:
     processing_s: float = 0.0  # from there to the last "total:" line
     peak_rss: int = 0
     queries: dict[str, QueryFigures] = field(default_factory=dict)
+    cores_busy: float = float("nan")  # the whole machine's busy CPU over the processing, in cores
+
+
+class MachineCpu:
+    """The machine's busy CPU seconds (all processes, every core), sampled in the background.
+
+    A one-core Spark worker keeps more than one core busy (its JVM, its Python workers, the driver
+    beside it); on a two-core machine that bounds what a second worker can add.
+    """
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.samples = [self._read()]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _read(self) -> tuple[float, float]:
+        t = self._psutil.cpu_times()
+        return time.perf_counter(), sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(self._read())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self._read())
+
+    def cores(self, start: float, end: float) -> float:
+        """Busy cores between two perf_counter instants (the samples nearest inside them)."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan")
+        (t0, b0), (t1, b1) = inside[0], inside[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else float("nan")
 
 
 def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None) -> Path:
@@ -178,12 +218,17 @@ def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -
 
     if env:  # through env(1), so that the measured process tree is still the job's own
         args = ["env", *(f"{k}={v}" for k, v in env.items()), *args]
-    r.code, r.peak_rss = run_measured(args, log, on_line, REPO)
+    cpu = MachineCpu()
+    try:
+        r.code, r.peak_rss = run_measured(args, log, on_line, REPO)
+    finally:
+        cpu.stop()
     end = time.perf_counter()
     r.wall_s = end - t0
     start = first[0] if first else end
     r.startup_s = start - t0
     r.processing_s = (done[-1] if done else end) - start
+    r.cores_busy = cpu.cores(start, start + r.processing_s)
     return r
 
 
@@ -302,7 +347,8 @@ def scaling(bootstrap: str, work: Path, events: int, main: RunFigures) -> None:
         r = run_job(stream_args(write_config(work / f"{data.name}.toml", bootstrap, data, master)), log)
         if check(r, log, master):
             local[master] = rates(r, events)[1]
-            print(f"{master}: {local[master]:,.0f} events/s processing, {rates(r, events)[0]:,.0f} wall", flush=True)
+            print(f"{master}: {local[master]:,.0f} events/s processing, {rates(r, events)[0]:,.0f} wall; "
+                  f"{r.cores_busy:.2f} cores busy", flush=True)
     if len(local) == 2:
         print(f"ratio local[2] / local[1]: {local['local[2]'] / local['local[1]']:.2f}", flush=True)
 
@@ -319,7 +365,7 @@ def scaling(bootstrap: str, work: Path, events: int, main: RunFigures) -> None:
             if check(r, log, f"standalone, {workers} worker(s)"):
                 standalone[workers] = rates(r, events)
                 print(f"standalone {workers} worker(s): {standalone[workers][1]:,.0f} events/s processing, "
-                      f"{standalone[workers][0]:,.0f} wall", flush=True)
+                      f"{standalone[workers][0]:,.0f} wall; {r.cores_busy:.2f} cores busy", flush=True)
     finally:
         cluster.stop()
     if len(standalone) == 2:
@@ -335,7 +381,8 @@ def report(r: RunFigures, events: int, ceiling_rate: float, data: Path) -> None:
     print(f"job: {events:,} events in {r.wall_s:.1f}s = {wall:,.0f} events/s wall "
           f"({r.startup_s:.1f}s of start-up before the first micro-batch)")
     print(f"job: {processing:,.0f} events/s processing ({r.processing_s:.1f}s from the start of the first "
-          f"micro-batch to the last commit)")
+          f"micro-batch to the last commit; the machine's CPU busy meanwhile: {r.cores_busy:.2f} of "
+          f"{os.cpu_count()} cores)")
     for name, q in r.queries.items():
         steady = f", after its first batch {q.later_events / q.later_s:,.0f}" if q.later_s else ""
         told = "" if q.total_events in (None, q.events) else f" (its total line: {q.total_events:,})"
