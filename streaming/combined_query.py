@@ -182,8 +182,11 @@ def _build(spark: SparkSession, cfg: Config, name: str, feeds: list[str]) -> Dat
     events = read_events(spark, cfg, list(BRONZE_KINDS), name, chunked=True,
                          write_tag=file_tag(app_id(cfg, name)), feed_columns=EVENT_COLUMNS, feeds=feeds)
     decisions = ClusterDecisions(cfg, checkpoint_dir(cfg, name), file_tag(app_id(cfg, name))) if "faults" in feeds else None
+    # collect: the stateful tasks' output (derived rows, file listings) is small, so the driver
+    # writes it; a write job on the executors would start one more Python runner per stateful task.
     return write_routed(build_combined_output(events, cfg), cfg, name,
-                        tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT, driver_step=decisions)
+                        tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT, driver_step=decisions,
+                        collect=True)
 
 
 def build_combined(spark: SparkSession, cfg: Config) -> DataStreamWriter:

@@ -1,8 +1,9 @@
 """The streaming sink of every query: routed rows into several Delta tables, exactly once.
 
 Each micro-batch goes through ``foreachBatch``: Parquet files are written on the executors (a
-``mapInArrow`` job) or were already written by the Kafka reader tasks (``WRITTEN`` listings, named
-after their offset range so a replay reuses them); the driver commits them with ``deltalake``, one
+``mapInArrow`` job), by the driver from the collected rows when they are few, or were already
+written by the Kafka reader tasks (``WRITTEN`` listings, named after their offset range so a
+replay reuses them); the driver commits them with ``deltalake``, one
 commit per table, each carrying the Delta transaction ``(app id, batch id)``. A replayed batch finds
 its transaction in the log and is skipped, so a kill at any moment loses and duplicates nothing;
 a failed batch deletes only files no log holds (orphans wait for ``vacuum``). ``foreachBatch``
@@ -157,8 +158,9 @@ class RoutedDeltaWriter:
     """Writes a batch's routed rows as Parquet (executors) and commits them to Delta (driver).
 
     With ``collect`` the batch's rows are collected to the driver and written there: for input
-    that is (almost) only ``WRITTEN`` listings, such as the ``bronze`` query's. A write job would
-    start a second Python worker beside each reader task only to pass one listing on.
+    that is (almost) only ``WRITTEN`` listings, such as the ``bronze`` query's, or a few derived
+    rows, such as the stateful output of the combined query. A write job would start another
+    Python worker beside each task only to pass a listing or a few rows on.
     """
 
     def __init__(

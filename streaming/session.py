@@ -157,6 +157,9 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # could stall for it. The fault and lag states are a few MiB, cheaper to load from the
         # checkpoint than to wait for; an executor still takes its own tasks first.
         .config("spark.locality.wait", "0s")
+        # The JVM reaches its Python workers over Unix domain sockets instead of loopback TCP (Spark
+        # 4.1+): a live micro-batch starts a dozen Python runners, each with its own connection.
+        .config("spark.python.unix.domain.socket.enabled", "true")
     )
     if is_local_path(cfg.storage.checkpoint_root):
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)

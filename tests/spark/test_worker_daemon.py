@@ -41,3 +41,19 @@ def test_local_checkpoints_use_the_file_system_manager(spark: Any) -> None:
 def test_a_free_executor_takes_a_stateful_task_without_the_locality_wait(spark: Any) -> None:
     """Spark's 3 s default would let a cluster's micro-batch wait for the executor holding a state store."""
     assert spark.sparkContext.getConf().get("spark.locality.wait") == "0s"
+
+
+def test_python_workers_are_reached_over_unix_domain_sockets(spark: Any) -> None:
+    """Each Python runner connects anew; a Unix domain socket is cheaper than loopback TCP."""
+    import pyarrow as pa
+
+    assert spark.sparkContext.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+
+    def where(batches: Any) -> Any:
+        import os
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pydict({"uds": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "").lower()]})
+
+    rows = spark.range(4, numPartitions=2).mapInArrow(where, "uds string").collect()
+    assert {r["uds"] for r in rows} == {"true"}
