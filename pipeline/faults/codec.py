@@ -2,14 +2,15 @@
 
 Every micro-batch decodes and encodes each key's whole state, so the layout is the one that costs
 least both ways: each table's columns as they lie in memory (:func:`frame.to_bytes`), integers
-narrowed to offsets from their minimum, strings as a dictionary over the rows that hold one, the
-whole LZ4-compressed. Spark hands a state to the Python worker through a pickler that copies a
-binary value byte by byte into a string and encodes that as UTF-8, which costs the JVM more per
-byte than LZ4 costs Python. No Python class paths are stored, so moving a module never breaks a
-checkpoint (pickle would). Scalars and the small dictionaries
+narrowed to offsets from their minimum (serials, times and offsets to steps from row to row),
+wide values in byte planes, strings as a dictionary over the rows that hold one, the whole
+LZ4-compressed. Spark hands a state to the Python worker through a pickler that copies a binary
+value byte by byte into a string and encodes that as UTF-8, which costs the JVM more per byte
+than LZ4 costs Python, so every byte the layout saves counts. No Python class paths are stored,
+so moving a module never breaks a checkpoint (pickle would). Scalars and the small dictionaries
 (broker names, client versions, error classes) travel as JSON. An empty table travels as no bytes.
-A changed layout bumps :data:`STATE_VERSION`; older versions (Arrow IPC tables) are still read,
-and an unknown one fails loudly instead of misreading a checkpoint.
+A changed layout bumps :data:`STATE_VERSION`; older versions are still read, and an unknown one
+fails loudly instead of misreading a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from pipeline.faults.state import FaultState
 from pipeline.faults.windows import WINDOW_SCHEMA
 from pipeline.ipc import ipc_table
 
-# 3: columns as raw bytes (frame.to_bytes), LZ4; 2: Arrow IPC, integers narrowed; 1: Arrow IPC, zstd
-STATE_VERSION = 3
-_READS = (1, 2, STATE_VERSION)
+# 4: as 3, integer columns as steps where narrower, wide values in byte planes (frame.to_bytes's
+# packed layout); 3: columns as raw bytes (frame.to_bytes), LZ4; 2: Arrow IPC, integers narrowed;
+# 1: Arrow IPC, zstd
+STATE_VERSION = 4
+_READS = (1, 2, 3, STATE_VERSION)
 # One row for the whole query: the watermark and every cluster's state (see pipeline.faults.fleet).
 # (Array columns in a pandas state schema fail in PySpark 4.3's worker: KeyError 'elementType'.)
 STATE_DDL = "version INT, watermark_ms BIGINT, clusters STRING, states BINARY"

@@ -131,32 +131,51 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema) -> Cols:
     return out
 
 
-def to_bytes(cols: Cols, schema: Schema) -> bytes:
+def to_bytes(cols: Cols, schema: Schema, packed: bool = True) -> bytes:
     """``cols`` as one blob: a JSON header, then each column's values as they lie in memory.
 
     Integer columns are narrowed as by :func:`to_arrow`, strings (object columns) stored as a
     dictionary over the rows that hold one. Reading it back (:func:`from_bytes`) is a copy per
     column; an Arrow IPC stream costs a fixed toll per column and a conversion per string, and
     the fault state goes through the state store every micro-batch.
+
+    ``packed`` (the default) makes the blob compress about twice as well: an integer column whose
+    steps from row to row narrow to fewer bytes than its values (serials, times and offsets in
+    log order) is stored as those steps, and a column of wider values is stored byte plane by
+    byte plane (all first bytes, then all second bytes, ...), so the high bytes, nearly constant,
+    compress to almost nothing. ``packed=False`` writes the earlier layout (still read).
     """
     specs: list[list[Any]] = []
     parts: list[Any] = []
     for name, dtype in schema.items():
-        spec, buffers = _strings(cols[name]) if dtype == "object" else _numbers(cols[name], dtype)
+        spec, buffers = _strings(cols[name]) if dtype == "object" else _numbers(cols[name], dtype, packed)
         specs.append(spec)
         parts += buffers
     head = json.dumps({"n": nrows(cols), "cols": specs}).encode()
     return b"".join([struct.pack("<I", len(head)), head, *parts])
 
 
-def _numbers(values: np.ndarray, dtype: str) -> tuple[list[Any], list[np.ndarray]]:
-    """[stored dtype, base (None: not narrowed), bytes] and the buffer."""
-    base = None
+def _numbers(values: np.ndarray, dtype: str, packed: bool) -> tuple[list[Any], list[np.ndarray]]:
+    """[stored dtype, base (None: not narrowed), bytes] (packed: then byte planes, first value
+    (None: not stored as steps)) and the buffer."""
+    base = first = None
     if dtype in ("int64", "int32") and len(values):
-        values, meta = _narrowed(values)
+        plain, meta = _narrowed(values)
+        if packed and len(values) > 1:
+            # int64 steps wrap around exactly where the values are extreme; the sum unwraps them
+            steps, step_meta = _narrowed(np.diff(values.astype(np.int64, copy=False)))
+            if step_meta and steps.dtype.itemsize < plain.dtype.itemsize:
+                first, plain, meta = int(values[0]), steps, step_meta
+        values = plain
         base = int(meta[BASE]) if meta else None
     values = np.ascontiguousarray(values, dtype=values.dtype if base is not None else dtype)
-    return [values.dtype.str, base, values.nbytes], [values]
+    if not packed:
+        return [values.dtype.str, base, values.nbytes], [values]
+    stored, size = values.dtype.str, values.dtype.itemsize
+    planes = size > 1 and len(values) > 1
+    if planes:
+        values = np.ascontiguousarray(values.view(np.uint8).reshape(len(values), size).T)
+    return [stored, base, values.nbytes, planes, first], [values]
 
 
 def _strings(values: np.ndarray) -> tuple[list[Any], list[np.ndarray]]:
@@ -204,12 +223,26 @@ def from_bytes(blob: bytes, schema: Schema) -> Cols:
                 column = table[buffers[0]]
             out[name] = column
             continue
-        stored, base, nbytes = spec
-        raw = np.frombuffer(blob, dtype=stored, count=nbytes // np.dtype(stored).itemsize, offset=pos)
+        stored, base, nbytes, planes, first = spec if len(spec) == 5 else (*spec, False, None)
+        size = np.dtype(stored).itemsize
+        raw: np.ndarray
+        if planes:
+            plane_rows = np.frombuffer(blob, dtype=np.uint8, count=nbytes, offset=pos).reshape(size, nbytes // size)
+            raw = np.ascontiguousarray(plane_rows.T).view(stored).reshape(-1)
+        else:
+            raw = np.frombuffer(blob, dtype=stored, count=nbytes // size, offset=pos)
         pos += nbytes
-        column = raw.astype(dtype)  # a copy: the state's arrays are written to
-        if base is not None:
-            column += np.asarray(base, dtype=dtype)  # wraps back exactly where the cast wrapped
+        if first is None:
+            column = raw.astype(dtype)  # a copy: the state's arrays are written to
+            if base is not None:
+                column += np.asarray(base, dtype=dtype)  # wraps back exactly where the cast wrapped
+        else:  # steps from the first value (int64 sums wrap back exactly as the steps wrapped)
+            steps = np.empty(len(raw) + 1, dtype=np.int64)
+            steps[0] = first
+            steps[1:] = raw
+            if base is not None:
+                steps[1:] += np.int64(base)
+            column = np.cumsum(steps).astype(dtype, copy=False)
         out[name] = column
     return out
 

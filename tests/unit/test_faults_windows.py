@@ -11,6 +11,7 @@ import json
 import random
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -252,25 +253,31 @@ def test_state_survives_the_state_store_encoding_unchanged() -> None:
     assert out_a == out_b and encode_state(a) == encode_state(b)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_state_written_by_an_older_version_reads_the_same(version: int) -> None:
-    """Checkpoints from before the columns were stored raw still load: version 2 (Arrow IPC,
-    integer columns narrowed) and version 1 (Arrow IPC, zstd, full width)."""
-    from pipeline.faults.codec import _TABLES
-    from pipeline.faults.frame import to_arrow
+    """Checkpoints from before the packed layout still load: version 3 (columns raw, LZ4),
+    version 2 (Arrow IPC, integer columns narrowed) and version 1 (Arrow IPC, zstd, full width)."""
+    from pipeline.faults.codec import _TABLES, _compressed
+    from pipeline.faults.frame import to_arrow, to_bytes
     from pipeline.ipc import ipc_bytes
 
     state, _ = step(initial_state("c1"), from_send_results(random_stream(9, events=800)), 0, CFG)
     row = encode_state(state)
-    old = (version, row[1], *(ipc_bytes(to_arrow(getattr(state, name), schema, narrow=version == 2),
-                                        compress=version == 1) if blob else b""
-                              for (name, schema), blob in zip(_TABLES, row[2:])))
-    assert row[0] == 3 and old != row
+
+    def old_blob(name: str, schema: Any) -> bytes:
+        if version == 3:
+            return _compressed(to_bytes(getattr(state, name), schema, packed=False))
+        return ipc_bytes(to_arrow(getattr(state, name), schema, narrow=version == 2), compress=version == 1)
+
+    old = (version, row[1], *(old_blob(name, schema) if blob else b"" for (name, schema), blob in zip(_TABLES, row[2:])))
+    assert row[0] == 4 and old != row
     assert encode_state(decode_state(old)) == row
 
 
 @pytest.mark.parametrize("values", [[5, 5], [-3, 250, 7], [0, 70_000, 1], [-(2**40), 2**40],
-                                    [np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max]])
+                                    [np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max],
+                                    [np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.int64).max - 3],
+                                    list(range(10**12, 10**12 + 5000, 3)), [7], []])
 def test_narrowed_integer_columns_come_back_exactly(values: list[int]) -> None:
     from pipeline.faults.frame import from_arrow, from_bytes, to_arrow, to_bytes
     from pipeline.ipc import ipc_bytes, ipc_table
@@ -278,9 +285,26 @@ def test_narrowed_integer_columns_come_back_exactly(values: list[int]) -> None:
     schema = {"i64": "int64", "i32": "int32"}
     cols = {"i64": np.asarray(values, dtype=np.int64), "i32": np.clip(values, -(2**31), 2**31 - 1).astype(np.int32)}
     for back in (from_arrow(ipc_table(ipc_bytes(to_arrow(cols, schema, narrow=True))), schema),
-                 from_bytes(to_bytes(cols, schema), schema)):
+                 from_bytes(to_bytes(cols, schema), schema), from_bytes(to_bytes(cols, schema, packed=False), schema)):
         for name, dtype in schema.items():
             assert back[name].dtype == dtype and back[name].tolist() == cols[name].tolist()
+
+
+def test_the_packed_layout_stores_a_log_in_under_half_the_bytes() -> None:
+    """Serials, times and offsets in log order go as steps, wide values in byte planes: the
+    compressed blob is under half the earlier layout's, and comes back exactly."""
+    from pipeline.faults.codec import _compressed, _decompressed
+    from pipeline.faults.frame import from_bytes, to_bytes
+
+    rng = np.random.default_rng(3)
+    n = 50_000
+    schema = {"serial": "int64", "ts": "int64", "off": "int64", "latency": "int64"}
+    cols = {"serial": np.arange(n, dtype=np.int64) + 9_000, "ts": T0 + np.cumsum(rng.integers(0, 3, n)),
+            "off": 10**9 + np.cumsum(rng.integers(1, 3, n)), "latency": rng.integers(1, 3_000, n)}
+    packed, plain = (_compressed(to_bytes(cols, schema, packed=p)) for p in (True, False))
+    assert len(packed) < len(plain) / 2
+    back = from_bytes(_decompressed(packed), schema)
+    assert all(back[c].dtype == cols[c].dtype and back[c].tolist() == cols[c].tolist() for c in schema)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 300])
