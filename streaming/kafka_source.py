@@ -91,9 +91,8 @@ def pack_ranges(ranges: Sequence[TopicPartitionRange], pack_rows: int, min_tasks
         rows += n
     if group:
         out.append(group[0] if len(group) == 1 else RangeGroup(tuple(group)))
-    if len(out) < min(min_tasks, len(ranges)):
-        return _dealt(ranges, min(min_tasks, len(ranges)))
-    return out
+    tasks = min(min_tasks, len(ranges))
+    return _dealt(ranges, tasks) if len(out) < tasks else out
 
 
 def _dealt(ranges: Sequence[TopicPartitionRange], tasks: int) -> list[InputPartition]:

@@ -161,7 +161,7 @@ def _numbers(values: np.ndarray, dtype: str, packed: bool) -> tuple[list[Any], l
     base = first = None
     if dtype in ("int64", "int32") and len(values):
         plain, meta = _narrowed(values)
-        if packed and len(values) > 1:
+        if packed and len(values) > 1 and plain.dtype.itemsize > 1:  # (one byte: steps cannot be narrower)
             # int64 steps wrap around exactly where the values are extreme; the sum unwraps them
             steps, step_meta = _narrowed(np.diff(values.astype(np.int64, copy=False)))
             if step_meta and steps.dtype.itemsize < plain.dtype.itemsize:
