@@ -11,12 +11,17 @@ After the imports the daemon freezes its objects (``gc.freeze``). A reused worke
 ``gc.collect()`` after every task, and Spark may already have handed it the next task: with the
 preloaded modules in the collector's generations it walked every one of them (copying the pages
 the fork shared) while Spark waited for the worker (docs/performance.md, 2026-11-25 (10)).
+
+A worker whose JVM end of the socket is already closed (Spark stopping while the worker finishes
+or waits) ends quietly: pyspark's daemon would print a BrokenPipeError traceback into the job's
+log after a run that completed, and nobody is left to read a report on that socket anyway.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+from typing import Any
 
 # Only imports: nothing here may start a thread or open a connection before the fork (deltalake,
 # which must not be used across a fork, is left out: executors write Parquet with pyarrow).
@@ -45,9 +50,33 @@ def freeze() -> int:
     return gc.get_freeze_count()
 
 
+def quiet_when_closed() -> None:
+    """Make every forked worker end quietly (exit 0) when its socket's other end has gone.
+
+    pyspark's worker loop calls ``pyspark.daemon.worker`` per task; a broken pipe or a reset there
+    means the JVM closed the connection (the task ended or Spark stopped), which the JVM knows. Any
+    other error still ends in pyspark's traceback.
+    """
+    from pyspark import daemon
+
+    inner = daemon.worker
+    if getattr(inner, "quiet_when_closed", False):
+        return
+
+    def worker(sock: Any, authenticated: bool) -> int:
+        try:
+            return int(inner(sock, authenticated))
+        except (BrokenPipeError, ConnectionResetError):
+            return 1  # non-zero: the loop stops reusing this worker, which then exits
+
+    worker.quiet_when_closed = True  # type: ignore[attr-defined]
+    daemon.worker = worker
+
+
 if __name__ == "__main__":
     preload()
     freeze()
+    quiet_when_closed()
     from pyspark.daemon import manager
 
     manager()
