@@ -186,7 +186,13 @@ def _build(spark: SparkSession, cfg: Config, name: str, feeds: list[str]) -> Dat
     # writes it; a write job on the executors would start one more Python runner per stateful task.
     return write_routed(build_combined_output(events, cfg), cfg, name,
                         tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT, driver_step=decisions,
-                        collect=True)
+                        collect=True, keys=state_keys(cfg, feeds))
+
+
+def state_keys(cfg: Config, feeds: list[str]) -> dict[str, int]:
+    """The settings that decide which key holds a broker's or a group's state: fixed for a checkpoint."""
+    keys = {"faults.shards": cfg.faults.shards} if "faults" in feeds else {}
+    return keys | ({"lag.shards": cfg.lag.shards} if "lag" in feeds else {})
 
 
 def build_combined(spark: SparkSession, cfg: Config) -> DataStreamWriter:
@@ -200,4 +206,4 @@ def build_bronze_faults(spark: SparkSession, cfg: Config) -> DataStreamWriter:
 
 
 __all__ = ["LAYOUT", "NAME", "build_bronze_faults", "build_combined", "build_combined_output",
-           "combined_function", "pack", "unpack"]
+           "combined_function", "pack", "state_keys", "unpack"]

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -377,19 +377,21 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
 def write_routed(
     df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None,
     collect: bool = False, layout: int | None = None, driver_step: DriverStep | None = None,
+    keys: Mapping[str, int] | None = None,
 ) -> DataStreamWriter:
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing).
 
     ``layout``: the version of the query's state layout, kept in its checkpoint; a checkpoint of
-    another layout is refused (see :func:`check_layout`). ``driver_step(batch_id, extras)``: runs
+    another layout is refused (see :func:`check_layout`), as is one whose state was keyed with other
+    ``keys`` settings (``{"faults.shards": 8}``). ``driver_step(batch_id, extras)``: runs
     on the driver after the write job, before the commits, and returns more files to commit.
     """
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
     check_checkpoint_matches(cfg.storage.root, tables, checkpoint, app_id(cfg, name))
     check_other_writers(cfg, name, tables)
-    if layout is not None:
-        check_layout(checkpoint, name, layout)
+    if layout is not None or keys:
+        check_layout(checkpoint, name, layout, keys)
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
                                driver_step)
     return (
@@ -450,25 +452,44 @@ def check_other_writers(cfg: Config, name: str, tables: Sequence[str]) -> None:
                 )
 
 
-def check_layout(checkpoint: str, name: str, layout: int) -> None:
-    """Refuse a checkpoint whose state layout is not ``layout``; mark a new checkpoint with it.
+def check_layout(checkpoint: str, name: str, layout: int | None, keys: Mapping[str, int] | None = None) -> None:
+    """Refuse a checkpoint whose state layout is not ``layout``, or whose state was keyed with other
+    settings than ``keys`` (e.g. ``{"faults.shards": 8}``); mark a new checkpoint with both.
 
     Spark cannot tell that the same columns now hold another shape of state (e.g. keyed per
-    cluster instead of one key for all), so the layout is written next to Spark's own files.
+    cluster instead of one key for all), so the layout is written next to Spark's own files. Nor
+    can it tell that a broker's state now lives under another key: with another ``faults.shards``
+    the old keys would keep settling their brokers while new keys started them afresh. ``layout``
+    None: the query has no layout number (only ``keys`` are checked). A checkpoint marked before
+    key settings were recorded takes today's as its own.
     """
     marker = Path(checkpoint) / LAYOUT_FILE
+    wanted = dict(keys or {})
     if (Path(checkpoint) / "metadata").exists():
-        found = json.loads(marker.read_text()) if marker.exists() else {"layout": 0}
-        if found.get("layout") != layout:
+        found: dict[str, Any] = json.loads(marker.read_text()) if marker.exists() else {"layout": 0}
+        if layout is not None and found.get("layout") != layout:
             raise ConfigError(
                 f"checkpoint {checkpoint} holds query {name!r}'s state in layout {found.get('layout')}, "
                 f"and this version of faultwatch keeps it in layout {layout}. Remove the checkpoint and "
                 "the tables it wrote (or point storage.root and storage.checkpoint_root elsewhere) to "
                 "rebuild them from Kafka, or finish with the faultwatch version that wrote it."
             )
+        held = found.get("keys")
+        if held is None:
+            if wanted:
+                marker.write_text(json.dumps({**found, "query": name, "keys": wanted}))
+            return
+        for setting, value in wanted.items():
+            if setting in held and held[setting] != value:
+                raise ConfigError(
+                    f"{setting} is {value}, but checkpoint {checkpoint} keeps query {name!r}'s state under "
+                    f"{setting} = {held[setting]}: a key would lose the state its events belong to. Set "
+                    f"{setting} = {held[setting]} again, or remove the checkpoint and the tables it wrote (or "
+                    "point storage.root and storage.checkpoint_root elsewhere) to rebuild them from Kafka."
+                )
         return
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"query": name, "layout": layout}))
+    marker.write_text(json.dumps({"query": name, "layout": layout, "keys": wanted}))
 
 
 def app_id(cfg: Config, name: str) -> str:

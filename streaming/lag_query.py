@@ -149,7 +149,7 @@ def build_lag(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     from streaming.kafka_source import read_events
 
     events = read_events(spark, cfg, KINDS, NAME)
-    return write_routed(build_lag_output(events, cfg), cfg, NAME, list(LAG_TABLES))
+    return write_routed(build_lag_output(events, cfg), cfg, NAME, list(LAG_TABLES), keys={"lag.shards": cfg.lag.shards})
 
 
 __all__ = ["LAG_TABLES", "NAME", "build_lag", "build_lag_output", "lag_function"]

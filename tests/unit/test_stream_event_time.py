@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -191,6 +192,38 @@ def test_a_checkpoint_of_another_state_layout_is_refused(tmp_path: Path) -> None
     (old / "metadata").write_text("{}")  # written before layouts were marked
     with pytest.raises(ConfigError, match="layout 0"):
         check_layout(str(old), "bronze_faults", 1)
+
+
+def test_a_checkpoint_keyed_with_other_shards_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    from streaming.combined_query import state_keys
+    from streaming.delta_sink import LAYOUT_FILE, check_layout
+
+    cfg = Config()
+    ck = tmp_path / "ck" / "combined"
+    check_layout(str(ck), "combined", 6, state_keys(cfg, ["faults", "lag"]))
+    (ck / "metadata").write_text("{}")
+    check_layout(str(ck), "combined", 6, state_keys(cfg, ["faults", "lag"]))  # the same settings: accepted
+    fewer = cfg.replace(faults__shards=4)
+    with pytest.raises(ConfigError, match=r"faults\.shards is 4, .*faults\.shards = 8 again"):
+        check_layout(str(ck), "combined", 6, state_keys(fewer, ["faults", "lag"]))
+    with pytest.raises(ConfigError, match=r"lag\.shards is 3"):
+        check_layout(str(ck), "combined", 6, state_keys(cfg.replace(lag__shards=3), ["faults", "lag"]))
+    # a checkpoint marked before the settings were recorded takes today's, then holds to them
+    old = tmp_path / "ck" / "older"
+    old.mkdir()
+    (old / "metadata").write_text("{}")
+    (old / LAYOUT_FILE).write_text(json.dumps({"query": "combined", "layout": 6}))
+    check_layout(str(old), "combined", 6, state_keys(cfg, ["faults"]))
+    assert json.loads((old / LAYOUT_FILE).read_text())["keys"] == {"faults.shards": 8}
+    with pytest.raises(ConfigError, match="faults.shards is 4"):
+        check_layout(str(old), "combined", 6, state_keys(fewer, ["faults"]))
+    # the lag query has no layout number: only its key setting is held
+    lag = tmp_path / "ck" / "lag"
+    lag.mkdir()
+    (lag / "metadata").write_text("{}")
+    check_layout(str(lag), "lag", None, {"lag.shards": 2})
+    with pytest.raises(ConfigError, match="lag.shards is 1"):
+        check_layout(str(lag), "lag", None, {"lag.shards": 1})
 
 
 def test_tables_another_query_wrote_are_refused(tmp_path: Path) -> None:
