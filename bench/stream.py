@@ -311,7 +311,12 @@ class StandaloneCluster:
             time.sleep(0.5)
 
     def submit_args(self, conf: Path) -> list[str]:
+        """spark-submit as README runs it: spark-submit starts the driver's JVM, so faultwatch's
+        driver memory and JVM flags are given here (the executors get them from the session)."""
+        from streaming.session import DEFAULT_DRIVER_MEMORY, DEFAULT_JAVA_OPTIONS
+
         return [str(BIN / "spark-submit"), "--master", self.url, "--conf", "spark.executor.memory=768m",
+                "--driver-memory", DEFAULT_DRIVER_MEMORY, "--driver-java-options", DEFAULT_JAVA_OPTIONS,
                 str(REPO / "faultwatch" / "cli.py"), "stream", "--config", str(conf), "--once"]
 
     def stop(self) -> None:

@@ -165,6 +165,28 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
     for key, value in cfg.spark.conf.items():  # [spark.conf] may set any of the above
         builder = builder.config(key, value)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver's JVM already
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if submitted:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        flags = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+        notice = driver_flags_notice([str(f) for f in flags])
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
     return spark
+
+
+def driver_flags_notice(jvm_flags: list[str]) -> str | None:
+    """What to tell a user whose spark-submit started the driver's JVM without faultwatch's flags
+    (the session's settings come too late for a running JVM); None when they are all there."""
+    missing = [f for f in DEFAULT_JAVA_OPTIONS.split() if f not in jvm_flags]
+    if not missing:
+        return None
+    return (
+        f"faultwatch: note: the driver's JVM runs without {' '.join(missing)}: spark-submit started it "
+        "before faultwatch could set its flags, so its optimising JIT and collector threads take CPU from "
+        f"the Python workers. Pass --driver-java-options \"{DEFAULT_JAVA_OPTIONS}\" --driver-memory "
+        f"{DEFAULT_DRIVER_MEMORY} to spark-submit (README, spark-submit)."
+    )

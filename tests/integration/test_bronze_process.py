@@ -118,6 +118,9 @@ def test_runs_under_spark_submit_on_a_standalone_cluster(kafka, cfg: Config, tmp
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert f"spark=spark://127.0.0.1:{port}" in result.stdout
+        # submitted without --driver-java-options: the user is told which flags the driver lacks
+        # (spark-submit passes the driver's stderr on as its stdout)
+        assert "the driver's JVM runs without -XX:TieredStopAtLevel=1 -XX:+UseSerialGC" in result.stdout + result.stderr
         assert_bronze_equals(cfg, mix)
         apps = list((tmp_path / "work").glob("app-*/*/stderr"))
         assert len({p.parent.name for p in apps}) >= 2 or len(apps) >= 2  # executors ran on the workers

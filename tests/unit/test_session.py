@@ -66,3 +66,13 @@ def test_executors_elsewhere_or_another_spark_keep_this_interpreter(monkeypatch,
     else:
         monkeypatch.setenv("SPARK_HOME", spark_home)
     assert worker_python(master) == sys.executable
+
+
+def test_a_submitted_driver_without_faultwatchs_jvm_flags_is_told_what_to_pass() -> None:
+    from streaming.session import DEFAULT_JAVA_OPTIONS, driver_flags_notice
+
+    assert driver_flags_notice(["-Xmx1g", *DEFAULT_JAVA_OPTIONS.split()]) is None
+    notice = driver_flags_notice(["-Xmx6g", "-XX:+UseSerialGC"])
+    assert notice is not None
+    assert "runs without -XX:TieredStopAtLevel=1:" in notice
+    assert f'--driver-java-options "{DEFAULT_JAVA_OPTIONS}" --driver-memory 1g' in notice
