@@ -226,6 +226,10 @@ def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
             delay = min(delay * 2, 5.0)
 
 
+# What one driver poll may return while it looks for the partitions' ends (see _end_offsets).
+DRAIN_RECORDS = 100_000
+
+
 class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
@@ -234,6 +238,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: Any = None
         self._target: dict[str, int] | None = None  # availableNow: never read past this
         self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
+        self.end_polls = 0  # the polls the last look-up of the ends took
         self._missing_warned: set[str] = set()
         # With ``event_time``, every offset also carries the batch's settle point (``SETTLE``).
         self.event_time = options.get("event_time") == "true"
@@ -281,7 +286,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         deadline = time.monotonic() + float(self.options.get("connect_timeout_s", "30"))
         polls = 0
         while True:
-            consumer.poll(timeout_ms=50, max_records=1)
+            # Records that arrived since the listing come back and are dropped, all at once: a
+            # partition with fetched records still buffered is left out of the next fetch, so
+            # taking them one per poll kept its high watermark from renewing for dozens of polls.
+            consumer.poll(timeout_ms=50, max_records=DRAIN_RECORDS)
             polls += 1
             ends = {tp: consumer.highwater(tp) for tp in tps}
             known = all(hw is not None and hw >= listed[tp] for tp, hw in ends.items())
@@ -292,6 +300,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise KafkaUnavailableError("Kafka did not answer fetches for the partitions' end offsets")
         out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
         self._ends = out
+        self.end_polls = polls
         return out
 
     def _known_end(self, tp: Any) -> int:

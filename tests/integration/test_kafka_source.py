@@ -50,6 +50,46 @@ def test_end_offsets_are_exact_even_where_list_offsets_is_wrong(kafka) -> None: 
         r.stop()
 
 
+def test_end_offsets_take_one_or_two_polls_while_producers_append(kafka) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    create_topics(kafka.bootstrap, ["src.busy"], 4)
+    stop = threading.Event()
+    sent = [0]
+
+    def append() -> None:
+        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=5)
+        while not stop.is_set():
+            producer.send("src.busy", value=b"{}", partition=sent[0] % 4)
+            sent[0] += 1
+        producer.flush()
+        producer.close()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    r = reader(kafka, "src.busy")
+    polls = []
+    try:
+        start = r.initialOffset()
+        time.sleep(0.5)
+        for _ in range(10):
+            r.latestOffset(start, ReadAllAvailable())
+            polls.append(r.end_polls)
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join()
+    try:
+        # The records fetched past the ends are dropped all at once: one record per poll left the
+        # rest buffered, and a partition with buffered records is not fetched again, so its high
+        # watermark stayed old for dozens of polls.
+        assert max(polls) <= 3, polls
+        assert sum(r.latestOffset(start, ReadAllAvailable()).values()) == sent[0]  # exact once appends stop
+    finally:
+        r.stop()
+
+
 def test_a_topic_created_later_is_picked_up_from_its_beginning(kafka) -> None:  # type: ignore[no-untyped-def]
     r = reader(kafka, "src.later")
     try:
