@@ -1,6 +1,6 @@
 """The streaming job users run, over a realistic backlog, against the raw consume ceiling.
 
-    .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling]
+    .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 2]
 
 Preloads a simulator backlog into a local broker (``--clusters`` instances of
 ``bench/stream_backlog.toml``, each under its own cluster name: brokers, producers, consumer
@@ -8,8 +8,10 @@ groups, an outage and a lagging group), measures one kafka-python consumer readi
 ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process
 and prints events/s (wall and from the first micro-batch), per query, against the ceiling, the
 ``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
-repeats the job on local[1] and on a standalone cluster of one and two one-core workers and prints
-the ratios. Nothing asserts timings: the load average is printed with the figures.
+repeats the job on local[1] and local[2], and on a standalone cluster of one and two one-core
+workers, in ``--pairs`` alternated pairs (one run each swung the ratios by 0.4 between runs of the
+same code), and prints each pair's ratio and their median. Nothing asserts timings: the load
+average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -288,6 +291,7 @@ class StandaloneCluster:
         self.env = {**os.environ, **spark_env(), "SPARK_LOG_DIR": str(work), "SPARK_NO_DAEMONIZE": "1"}
         self.log = work / "cluster.log"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.started = 0
         self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
                     "--webui-port", str(free_port()))
 
@@ -301,14 +305,24 @@ class StandaloneCluster:
                                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
 
     def add_worker(self) -> None:
-        workers = len(self.procs)  # the master is procs[0]
+        self.started += 1  # every worker started logs one registration
         self._start("org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1", "--cores", "1",
                     "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(self.work / "work"))
         deadline = time.monotonic() + 120
-        while self.log.read_text(errors="replace").count("Successfully registered with master") < workers:
+        while self.log.read_text(errors="replace").count("Successfully registered with master") < self.started:
             if time.monotonic() > deadline:
-                raise SystemExit(f"Spark worker {workers} did not register within 120s:\n{log_tail(self.log)}")
+                raise SystemExit(f"Spark worker {self.started} did not register within 120s:\n{log_tail(self.log)}")
             time.sleep(0.5)
+
+    def remove_worker(self) -> None:
+        """Stop the last worker started (the master drops it once its connection closes)."""
+        proc = self.procs.pop()
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+        time.sleep(2)
 
     def submit_args(self, conf: Path) -> list[str]:
         """spark-submit as README runs it: spark-submit starts the driver's JVM, so faultwatch's
@@ -338,44 +352,55 @@ def fresh(work: Path, name: str) -> Path:
     return data
 
 
-def scaling(bootstrap: str, work: Path, events: int, main: RunFigures) -> None:
-    """local[1] vs local[2], then a standalone cluster with one vs two one-core workers."""
-    local: dict[str, float] = {}
-    for master in ("local[1]", "local[2]"):
-        if master == Config().spark.master:
-            local[master] = rates(main, events)[1]
-            print(f"{master}: the main run above ({local[master]:,.0f} events/s)", flush=True)
-            continue
-        print(f"run: faultwatch stream --once, spark.master {master}", flush=True)
-        data = fresh(work, f"local{master[6]}")
-        log = work / f"{data.name}.log"
-        r = run_job(stream_args(write_config(work / f"{data.name}.toml", bootstrap, data, master)), log)
-        if check(r, log, master):
-            local[master] = rates(r, events)[1]
-            print(f"{master}: {local[master]:,.0f} events/s processing, {rates(r, events)[0]:,.0f} wall; "
-                  f"{r.cores_busy:.2f} cores busy", flush=True)
-    if len(local) == 2:
-        print(f"ratio local[2] / local[1]: {local['local[2]'] / local['local[1]']:.2f}", flush=True)
+def scaling(bootstrap: str, work: Path, events: int, pairs: int) -> None:
+    """local[1] vs local[2], then a standalone cluster with one vs two one-core workers: each in
+    ``pairs`` alternated pairs (this machine's speed drifts within minutes), every pair's ratio
+    and their median printed."""
+    local: dict[str, list[float]] = {"local[1]": [], "local[2]": []}
+    for pair in range(pairs):
+        for master, rate in local.items():
+            print(f"run: faultwatch stream --once, spark.master {master} (pair {pair + 1})", flush=True)
+            data = fresh(work, f"local{master[6]}")
+            log = work / f"{data.name}.log"
+            r = run_job(stream_args(write_config(work / f"{data.name}.toml", bootstrap, data, master)), log)
+            if check(r, log, master):
+                rate.append(rates(r, events)[1])
+                print(f"{master}: {rate[-1]:,.0f} events/s processing, {rates(r, events)[0]:,.0f} wall; "
+                      f"{r.cores_busy:.2f} cores busy", flush=True)
+    print_ratios("local[2] / local[1]", local["local[2]"], local["local[1]"])
 
     cluster = StandaloneCluster(work)
-    standalone: dict[int, tuple[float, float]] = {}
+    standalone: dict[int, list[float]] = {1: [], 2: []}
     try:
-        for workers in (1, 2):
-            cluster.add_worker()
-            print(f"run: spark-submit on a standalone cluster, {workers} one-core worker(s)", flush=True)
-            data = fresh(work, f"standalone{workers}")
-            conf = write_config(work / f"{data.name}.toml", bootstrap, data)
-            log = work / f"{data.name}.log"
-            r = run_job(cluster.submit_args(conf), log, env={**spark_env(), "FAULTWATCH_SPARK_MASTER": cluster.url})
-            if check(r, log, f"standalone, {workers} worker(s)"):
-                standalone[workers] = rates(r, events)
-                print(f"standalone {workers} worker(s): {standalone[workers][1]:,.0f} events/s processing, "
-                      f"{standalone[workers][0]:,.0f} wall; {r.cores_busy:.2f} cores busy", flush=True)
+        cluster.add_worker()
+        for pair in range(pairs):
+            for workers in (1, 2):
+                if workers == 2:
+                    cluster.add_worker()
+                print(f"run: spark-submit on a standalone cluster, {workers} one-core worker(s) (pair {pair + 1})",
+                      flush=True)
+                data = fresh(work, f"standalone{workers}")
+                conf = write_config(work / f"{data.name}.toml", bootstrap, data)
+                log = work / f"{data.name}.log"
+                r = run_job(cluster.submit_args(conf), log, env={**spark_env(), "FAULTWATCH_SPARK_MASTER": cluster.url})
+                if check(r, log, f"standalone, {workers} worker(s)"):
+                    standalone[workers].append(rates(r, events)[1])
+                    print(f"standalone {workers} worker(s): {standalone[workers][-1]:,.0f} events/s processing, "
+                          f"{rates(r, events)[0]:,.0f} wall; {r.cores_busy:.2f} cores busy", flush=True)
+                if workers == 2:
+                    cluster.remove_worker()
     finally:
         cluster.stop()
-    if len(standalone) == 2:
-        print(f"ratio standalone 2 workers / 1 worker: {standalone[2][1] / standalone[1][1]:.2f} processing, "
-              f"{standalone[2][0] / standalone[1][0]:.2f} wall", flush=True)
+    print_ratios("standalone 2 workers / 1 worker", standalone[2], standalone[1])
+
+
+def print_ratios(what: str, faster: list[float], slower: list[float]) -> None:
+    """Each alternated pair's throughput ratio and their median."""
+    ratios = [a / b for a, b in zip(faster, slower)]
+    if ratios:
+        pairs = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"ratio {what}: {statistics.median(ratios):.2f} (median of {len(ratios)} alternated pairs: {pairs})",
+              flush=True)
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -407,6 +432,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="a small backlog (60k events) for a smoke run")
     ap.add_argument("--skip-scaling", action="store_true", help="only the main run, no local[1] or standalone runs")
+    ap.add_argument("--pairs", type=int, default=2, help="alternated pairs per scaling ratio")
     args = ap.parse_args()
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
@@ -427,7 +453,7 @@ def main() -> None:
             raise SystemExit(1)
         report(main_run, events, events / secs, data)
         if not args.skip_scaling:
-            scaling(kafka.bootstrap, work, events, main_run)
+            scaling(kafka.bootstrap, work, events, args.pairs)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
