@@ -489,7 +489,8 @@ def check_layout(checkpoint: str, name: str, layout: int | None, keys: Mapping[s
                 )
         return
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"query": name, "layout": layout, "keys": wanted}))
+    # a query without a layout number is layout 0, as a checkpoint marked before layouts were
+    marker.write_text(json.dumps({"query": name, "layout": 0 if layout is None else layout, "keys": wanted}))
 
 
 def app_id(cfg: Config, name: str) -> str:

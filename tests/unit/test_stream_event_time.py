@@ -224,6 +224,9 @@ def test_a_checkpoint_keyed_with_other_shards_is_refused_naming_the_setting(tmp_
     check_layout(str(lag), "lag", None, {"lag.shards": 2})
     with pytest.raises(ConfigError, match="lag.shards is 1"):
         check_layout(str(lag), "lag", None, {"lag.shards": 1})
+    fresh = tmp_path / "ck" / "lag-new"
+    check_layout(str(fresh), "lag", None, {"lag.shards": 2})  # a new one is marked layout 0
+    assert json.loads((fresh / LAYOUT_FILE).read_text()) == {"query": "lag", "layout": 0, "keys": {"lag.shards": 2}}
 
 
 def test_tables_another_query_wrote_are_refused(tmp_path: Path) -> None:
