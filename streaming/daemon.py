@@ -12,15 +12,22 @@ After the imports the daemon freezes its objects (``gc.freeze``). A reused worke
 preloaded modules in the collector's generations it walked every one of them (copying the pages
 the fork shared) while Spark waited for the worker (docs/performance.md, 2026-11-25 (10)).
 
-A worker whose JVM end of the socket is already closed (Spark stopping while the worker finishes
-or waits) ends quietly: pyspark's daemon would print a BrokenPipeError traceback into the job's
-log after a run that completed, and nobody is left to read a report on that socket anyway.
+A worker whose JVM end of the socket is already closed ends quietly: pyspark's daemon would print a
+BrokenPipeError traceback into the job's log, and nobody is left to read a report on that socket.
+The JVM closes such sockets when it stops, and a minute after the last call to an idle worker of the
+data source's planners (lookup, create, plan: each under a daemon of its own, which Spark starts
+as ``pyspark.daemon``), so a healthy job logged three tracebacks a minute after every start. The
+planners' daemons run this module too (the wrapper in :mod:`streaming.session` swaps the module;
+they preload nothing), and an import of :mod:`streaming.kafka_source` quiets a pyspark daemon it
+finds itself in (:func:`quiet_pyspark_daemon`: planners started without the wrapper).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import sys
+from types import ModuleType
 from typing import Any
 
 # Only imports: nothing here may start a thread or open a connection before the fork (deltalake,
@@ -50,16 +57,24 @@ def freeze() -> int:
     return gc.get_freeze_count()
 
 
-def quiet_when_closed() -> None:
+# The module a daemon's forked children run when Spark names none (the executors' Python workers).
+EXECUTOR_WORKER = "pyspark.worker"
+
+
+def quiet_when_closed(daemon: ModuleType | None = None) -> None:
     """Make every forked worker end quietly (exit 0) when its socket's other end has gone.
 
-    pyspark's worker loop calls ``pyspark.daemon.worker`` per task; a broken pipe or a reset there
-    means the JVM closed the connection (the task ended or Spark stopped), which the JVM knows. Any
-    other error still ends in pyspark's traceback.
+    pyspark's worker loop calls ``worker`` of its daemon module (``pyspark.daemon`` unless given)
+    per task, looking it up each time; a broken pipe or a reset there means the JVM closed the
+    connection (the task ended, an idle worker timed out, or Spark stopped), which the JVM knows.
+    Any other error still ends in pyspark's traceback.
     """
-    from pyspark import daemon
+    if daemon is None:
+        import pyspark.daemon
 
-    inner = daemon.worker
+        daemon = pyspark.daemon
+    target: Any = daemon
+    inner = target.worker
     if getattr(inner, "quiet_when_closed", False):
         return
 
@@ -70,12 +85,24 @@ def quiet_when_closed() -> None:
             return 1  # non-zero: the loop stops reusing this worker, which then exits
 
     worker.quiet_when_closed = True  # type: ignore[attr-defined]
-    daemon.worker = worker
+    target.worker = worker
+
+
+def quiet_pyspark_daemon() -> bool:
+    """In a process started as ``python -m pyspark.daemon`` (its code is ``__main__``, not the
+    importable ``pyspark.daemon``), quiet its worker loop from now on; whether it was one."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if main is None or getattr(spec, "name", None) != "pyspark.daemon" or not hasattr(main, "worker"):
+        return False
+    quiet_when_closed(main)
+    return True
 
 
 if __name__ == "__main__":
-    preload()
-    freeze()
+    if sys.argv[1:2] in ([], [EXECUTOR_WORKER]):  # the planners' daemons fork a few workers: no preload
+        preload()
+        freeze()
     quiet_when_closed()
     from pyspark.daemon import manager
 

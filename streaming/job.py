@@ -244,6 +244,7 @@ def run_stream(
 
     concerns = resolve_concerns(concerns)
     print(f"faultwatch stream: {describe(cfg)}", file=out, flush=True)
+    own_session = spark is None
     spark = spark or spark_session(cfg)
     warm = warm_python_workers(spark)  # before the queries are built: the workers start while Spark plans
     writers = build_queries(spark, cfg, concerns)
@@ -283,6 +284,8 @@ def run_stream(
             report_batches(name, q, progress[name], out)
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if own_session:  # stop Spark's Python processes while the JVM can still pass on what they print
+            spark.stop()
     for name, prog in progress.items():
         written = ", ".join(f"{t}={n}" for t, n in sorted(prog.written.items())) or "nothing"
         print(f"[{name}] total: {prog.batches} batches, {prog.rows_in} rows in; written {written}", file=out)

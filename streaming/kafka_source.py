@@ -34,11 +34,15 @@ from pipeline.config import Config
 from schemas.errors import FaultwatchError
 from schemas.fields import spark_schema
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, routed_fields
+from streaming.daemon import quiet_pyspark_daemon
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+# The data source's planner processes import this module to unpickle it (streaming/daemon.py).
+quiet_pyspark_daemon()
 
 SOURCE_NAME = "faultwatch_kafka"
 # Spark redacts option values whose key matches spark.redaction.regex ("secret|password|token|...").

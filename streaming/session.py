@@ -54,13 +54,25 @@ done
 unset IFS
 PYTHONPATH=$new
 export PYTHONPATH
+# Spark's planner daemons run pyspark's own daemon: run faultwatch's, which ends quietly on a closed socket.
+if [ "$1" = -m ] && [ "$2" = pyspark.daemon ]; then
+  shift 2
+  set -- -m streaming.daemon "$@"
+fi
 exec {python} "$@"
 """
 
 
 def worker_python(master: str) -> str:
-    """The interpreter Spark should start its Python processes with: this one, through the wrapper
-    above when that is safe (a local master, pip's pyspark used as SPARK_HOME, a working /bin/sh)."""
+    """The interpreter Spark should start its executors' Python processes with: :func:`driver_python`
+    for a local master, this interpreter itself for executors elsewhere (the wrapper is on this
+    machine only)."""
+    return driver_python() if master.startswith("local") else sys.executable
+
+
+def driver_python() -> str:
+    """The interpreter for the Python processes Spark starts on this machine: this one, through the
+    wrapper above when that is safe (pip's pyspark used as SPARK_HOME, a working /bin/sh)."""
     import hashlib
     import shlex
     import tempfile
@@ -70,10 +82,10 @@ def worker_python(master: str) -> str:
     package = os.path.dirname(os.path.abspath(pyspark.__file__))
     home = os.environ.get("SPARK_HOME")
     lib = os.path.join(package, "python", "lib")  # where Spark's PYTHONPATH points
-    if not master.startswith("local") or (home and os.path.realpath(home) != os.path.realpath(package)) or (
+    if (home and os.path.realpath(home) != os.path.realpath(package)) or (
         not os.path.isfile(os.path.join(lib, "pyspark.zip")) or not os.path.exists("/bin/sh")
     ):
-        return sys.executable  # an executor elsewhere, or another Spark: its zips are the code to run
+        return sys.executable  # another Spark: its zips are the code to run
     patterns = "|".join(f"{shlex.quote(os.path.join(d, 'pyspark.zip'))}|{shlex.quote(os.path.join(d, 'py4j-'))}*-src.zip"
                         for d in dict.fromkeys([lib, os.path.realpath(lib)]))  # as given, and as the JVM may see it
     text = _WRAPPER.format(python=shlex.quote(sys.executable), zips=patterns)
@@ -126,7 +138,8 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
     check_java()
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(cfg.spark.master)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # The JVM starts its data source lookup with this one (on this machine, whatever the master).
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", driver_python())
     from pyspark.sql import SparkSession
 
     builder = (
