@@ -75,11 +75,13 @@ def _records_of(part: InputPartition) -> int:
     return sum(r.end - r.start for r in ranges if isinstance(r, TopicPartitionRange))
 
 
-def pack_ranges(ranges: Sequence[TopicPartitionRange], pack_rows: int) -> list[InputPartition]:
+def pack_ranges(ranges: Sequence[TopicPartitionRange], pack_rows: int, min_tasks: int = 1) -> list[InputPartition]:
     """Consecutive ranges of fewer than ``pack_rows`` records in all go to one task (0: never).
 
     A task costs ~0.1 s here whatever it reads; a 1 s micro-batch of a few thousand events spread
-    over every partition would otherwise spend more time starting tasks than reading.
+    over every partition would otherwise spend more time starting tasks than reading. But fewer
+    tasks than ``min_tasks`` (the cores) would leave cores idle while one task reads everything:
+    then the ranges are dealt to ``min_tasks`` tasks of about equal size instead.
     """
     out: list[InputPartition] = []
     group: list[TopicPartitionRange] = []
@@ -93,7 +95,21 @@ def pack_ranges(ranges: Sequence[TopicPartitionRange], pack_rows: int) -> list[I
         rows += n
     if group:
         out.append(group[0] if len(group) == 1 else RangeGroup(tuple(group)))
-    return out
+    tasks = min(min_tasks, len(ranges))
+    return _dealt(ranges, tasks) if len(out) < tasks else out
+
+
+def _dealt(ranges: Sequence[TopicPartitionRange], tasks: int) -> list[InputPartition]:
+    """The ranges in ``tasks`` groups of about equal records: largest first, each to the group
+    holding the fewest so far; a group keeps its ranges in their given order."""
+    groups: list[list[int]] = [[] for _ in range(tasks)]
+    load = [0] * tasks
+    for i in sorted(range(len(ranges)), key=lambda i: -(ranges[i].end - ranges[i].start)):
+        g = load.index(min(load))
+        groups[g].append(i)
+        load[g] += ranges[i].end - ranges[i].start
+    parts = [[ranges[i] for i in sorted(g)] for g in groups if g]
+    return [p[0] if len(p) == 1 else RangeGroup(tuple(p)) for p in parts]
 
 
 def output_tables(kinds: Sequence[str]) -> list[str]:
@@ -390,7 +406,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 topic, part = _split_key(key)
                 for lo, hi in split_range(begin, int(stop), split):
                     out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle))
-        return sorted(pack_ranges(out, int(self.options.get("pack_rows", "0"))), key=lambda p: -_records_of(p))
+        packed = pack_ranges(out, int(self.options.get("pack_rows", "0")), int(self.options.get("min_tasks", "1")))
+        return sorted(packed, key=lambda p: -_records_of(p))
 
     def commit(self, end: dict) -> None:
         pass  # offsets live in the Spark checkpoint
@@ -718,6 +735,7 @@ def read_events(
         .option("max_future_skew_ms", str(int(cfg.stream.max_future_skew_s * 1000)))
         .option("split_rows", str(cfg.stream.max_events_per_task))
         .option("pack_rows", str(cfg.stream.max_events_per_task // 10))
+        .option("min_tasks", str(spark.sparkContext.defaultParallelism))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)

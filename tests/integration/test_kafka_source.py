@@ -190,6 +190,11 @@ def test_small_ranges_share_a_task() -> None:
     assert shape(pack_ranges([r(0, 30), r(1, 200), r(2, 30)], 100)) == [0, 1, 2]
     assert shape(pack_ranges([r(0, 30), r(1, 30)], 0)) == [0, 1]  # 0: never packed
     assert shape(pack_ranges([], 100)) == []
+    # fewer tasks than cores: the ranges are dealt to as many tasks as cores, about evenly
+    assert shape(pack_ranges([r(0, 30), r(1, 30), r(2, 30), r(3, 5)], 1000, min_tasks=2)) == [[0, 2], [1, 3]]
+    assert shape(pack_ranges([r(0, 5), r(1, 40), r(2, 30)], 1000, min_tasks=2)) == [1, [0, 2]]
+    assert shape(pack_ranges([r(0, 30)], 1000, min_tasks=4)) == [0]
+    assert shape(pack_ranges([r(0, 30), r(1, 30), r(2, 30), r(3, 30)], 100, min_tasks=2)) == [[0, 1, 2], 3]
 
 
 def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
