@@ -279,8 +279,9 @@ def spark_env() -> dict[str, str]:
     """What pyspark's launch scripts need when this interpreter's bin folder is not on PATH."""
     import pyspark
 
+    quiet = Path(sys.executable).with_name("faultwatch-python")  # as README's spark-submit command
     return {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable}
+            "PYSPARK_DRIVER_PYTHON": str(quiet) if quiet.exists() else sys.executable}
 
 
 class StandaloneCluster:

@@ -114,9 +114,11 @@ def test_runs_under_spark_submit_on_a_standalone_cluster(kafka, cfg: Config, tmp
             [str(BIN / "spark-submit"), "--master", f"spark://127.0.0.1:{port}", "--conf", "spark.executor.memory=768m",
              str(REPO / "faultwatch" / "cli.py"), "stream", "--config", str(conf), "--only", "bronze", "--once"],
             check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
-            env={**env, "FAULTWATCH_SPARK_MASTER": f"spark://127.0.0.1:{port}"},
+            env={**env, "FAULTWATCH_SPARK_MASTER": f"spark://127.0.0.1:{port}",
+                 "PYSPARK_DRIVER_PYTHON": str(Path(sys.executable).with_name("faultwatch-python"))},  # as README says
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "Traceback (most recent call last)" not in result.stdout + result.stderr, result.stderr[-3000:]
         assert f"spark=spark://127.0.0.1:{port}" in result.stdout
         # submitted without --driver-java-options: the user is told which flags the driver lacks
         # (spark-submit passes the driver's stderr on as its stdout)

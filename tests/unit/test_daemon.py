@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -89,6 +90,19 @@ def test_an_idle_planner_worker_dropped_by_the_jvm_ends_quietly() -> None:
     assert wrapper != sys.executable
     assert "Traceback (most recent call last)" in _idle_worker_closed_by_the_jvm([sys.executable, "-m", "pyspark.daemon"])
     assert _idle_worker_closed_by_the_jvm([wrapper, "-m", "pyspark.daemon"]) == ""
+    # what spark-submit's driver is told to use (README): the same swap, as an installed command
+    command = os.path.join(os.path.dirname(sys.executable), "faultwatch-python")
+    assert _idle_worker_closed_by_the_jvm([command, "-m", "pyspark.daemon"]) == ""
+
+
+def test_faultwatch_python_swaps_only_pysparks_daemon() -> None:
+    from streaming.pyexec import exec_args
+
+    assert exec_args(["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]) == [
+        "-m", "streaming.daemon", "pyspark.sql.worker.lookup_data_sources"]
+    assert exec_args(["faultwatch/cli.py", "stream", "-m", "pyspark.daemon"]) == [
+        "faultwatch/cli.py", "stream", "-m", "pyspark.daemon"]
+    assert exec_args(["-m", "pyspark.worker"]) == ["-m", "pyspark.worker"]
 
 
 def test_a_pyspark_daemon_that_imports_the_kafka_source_is_quieted() -> None:
