@@ -17,8 +17,8 @@ BrokenPipeError traceback into the job's log, and nobody is left to read a repor
 The JVM closes such sockets when it stops, and a minute after the last call to an idle worker of the
 data source's planners (lookup, create, plan: each under a daemon of its own, which Spark starts
 as ``pyspark.daemon``), so a healthy job logged three tracebacks a minute after every start. The
-planners' daemons run this module too (the wrapper in :mod:`streaming.session` swaps the module;
-they preload nothing), and an import of :mod:`streaming.kafka_source` quiets a pyspark daemon it
+planners' daemons run this module too (the wrapper in :mod:`streaming.session` swaps the module,
+as ``faultwatch-python`` does under spark-submit, :mod:`streaming.pyexec`; they preload nothing), and an import of :mod:`streaming.kafka_source` quiets a pyspark daemon it
 finds itself in (:func:`quiet_pyspark_daemon`: planners started without the wrapper).
 """
 
