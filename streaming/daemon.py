@@ -1,25 +1,20 @@
 """Spark's Python worker daemon, with the modules the tasks use imported before it forks.
 
-Spark forks every executor Python worker from one daemon process (``pyspark.daemon``). A fresh
-worker then imports pyarrow, pandas, kafka-python, pyspark's worker and faultwatch's modules by
-itself: seconds of CPU per worker, paid by the first tasks of every query while the machine is
-busiest (and, when it is saturated, sometimes longer than the 10 s Spark waits for a worker to
-connect back). Imported once here, every fork starts with them in memory (copy-on-write).
-``streaming.session`` makes this the daemon (``spark.python.daemon.module``).
+Spark forks every executor Python worker from one daemon process. A fresh worker would import
+pyarrow, pandas, kafka-python, pyspark's worker and faultwatch's modules by itself: seconds of CPU
+per worker, paid by every query's first tasks. Imported once here, every fork starts with them in
+memory (copy-on-write); ``streaming.session`` makes this the daemon (``spark.python.daemon.module``).
+The daemon then freezes its objects (``gc.freeze``), so a reused worker's ``gc.collect()`` after
+each task does not walk the preloaded modules while Spark waits for it.
 
-After the imports the daemon freezes its objects (``gc.freeze``). A reused worker runs
-``gc.collect()`` after every task, and Spark may already have handed it the next task: with the
-preloaded modules in the collector's generations it walked every one of them (copying the pages
-the fork shared) while Spark waited for the worker (docs/performance.md, 2026-11-25 (10)).
-
-A worker whose JVM end of the socket is already closed ends quietly: pyspark's daemon would print a
-BrokenPipeError traceback into the job's log, and nobody is left to read a report on that socket.
-The JVM closes such sockets when it stops, and a minute after the last call to an idle worker of the
-data source's planners (lookup, create, plan: each under a daemon of its own, which Spark starts
-as ``pyspark.daemon``), so a healthy job logged three tracebacks a minute after every start. The
-planners' daemons run this module too (the wrapper in :mod:`streaming.session` swaps the module,
-as ``faultwatch-python`` does under spark-submit, :mod:`streaming.pyexec`; they preload nothing), and an import of :mod:`streaming.kafka_source` quiets a pyspark daemon it
-finds itself in (:func:`quiet_pyspark_daemon`: planners started without the wrapper).
+A worker whose JVM end of the socket has closed ends quietly: pyspark's daemon prints a
+BrokenPipeError traceback into the job's log, though nobody is left to read a report. The JVM
+closes such sockets when it stops and a minute after an idle planner worker's last call (the data
+source's lookup, create and plan each run under a daemon Spark starts as ``pyspark.daemon``). So
+the planners' daemons run this module too, without preloading: the wrapper in
+:mod:`streaming.session` swaps the module, as ``faultwatch-python`` (:mod:`streaming.pyexec`) does
+under spark-submit, and importing :mod:`streaming.kafka_source` quiets a pyspark daemon it finds
+itself in (:func:`quiet_pyspark_daemon`). Figures: docs/performance.md, 2026-11-25 (10), 2026-11-27 (17).
 """
 
 from __future__ import annotations
