@@ -23,4 +23,4 @@ def build_bronze(spark: SparkSession, cfg: Config) -> DataStreamWriter:
     # lists are all the sink receives, so it collects them to the driver (``collect``) rather than
     # run a write task, and its second Python worker, per reader task.
     events = read_events(spark, cfg, KINDS, NAME, chunked=True, write_tag=file_tag(app_id(cfg, NAME)))
-    return write_routed(events, cfg, NAME, output_tables(KINDS), collect=True)
+    return write_routed(events, cfg, NAME, output_tables(KINDS), collect=True, listed=True)

@@ -186,7 +186,7 @@ def _build(spark: SparkSession, cfg: Config, name: str, feeds: list[str]) -> Dat
     # writes it; a write job on the executors would start one more Python runner per stateful task.
     return write_routed(build_combined_output(events, cfg), cfg, name,
                         tables_of("faults" in feeds, "lag" in feeds), layout=LAYOUT, driver_step=decisions,
-                        collect=True, keys=state_keys(cfg, feeds))
+                        collect=True, keys=state_keys(cfg, feeds), listed=True)
 
 
 def state_keys(cfg: Config, feeds: list[str]) -> dict[str, int]:

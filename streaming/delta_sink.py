@@ -49,6 +49,10 @@ DICTIONARY_PAGE_BYTES = 16 << 10
 # Route of chunk rows listing Parquet files a Kafka reader task already wrote (``arrow`` holds their
 # DataFile list as JSON, ``rows`` the Kafka records the task read): the sink only commits them.
 WRITTEN = "_written"
+# Route of a routed row that only counts: ``EVENTS_COLUMN`` holds the Kafka records its query read
+# (the ``faults`` query, whose readers write no files and so list nothing).
+COUNTED = "_events_in"
+EVENTS_COLUMN = "_events"
 # Tables the driver has loaded, by path, with their version's commit file stamp
 # (RoutedDeltaWriter._table); never shipped to executors.
 _LOADED: dict[str, tuple[Any, int | None]] = {}
@@ -165,9 +169,12 @@ class RoutedDeltaWriter:
 
     def __init__(
         self, root: str, tables: Sequence[str], app_id: str, report_dir: str | None = None, collect: bool = False,
-        driver_step: DriverStep | None = None,
+        driver_step: DriverStep | None = None, listed: bool = False,
     ) -> None:
         self.root = root
+        # The query's Kafka readers list what they read (WRITTEN rows): a batch without a listing
+        # read nothing, whatever rows it derived (a batch that only moves the settle point).
+        self.listed = listed
         self.driver_step = driver_step
         self.collect = collect
         self.tables = list(tables)
@@ -182,13 +189,15 @@ class RoutedDeltaWriter:
 
         Chunk rows routed to ``WRITTEN`` list files a Kafka reader already wrote: they are only
         committed. ``events_in`` is what the readers read: the records of the ``WRITTEN`` rows
-        when there are any (the other chunks are then rows the query derived), else every chunk's.
+        (none for a ``listed`` writer's batch without them), else what ``COUNTED`` rows say, else
+        every chunk's rows.
         """
         by_table: dict[str, list[pa.RecordBatch]] = {}
         files: list[DataFile] = []
         extras: list[tuple[str, int, bytes]] = []
         chunk_rows: int | None = None
         records_read: int | None = None
+        counted: int | None = None
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -210,14 +219,18 @@ class RoutedDeltaWriter:
                 continue
             routes = batch.column(ROUTE_COLUMN)
             for name in pc.unique(routes).to_pylist():
-                self._check_route(name)
                 part = batch.filter(pc.equal(routes, name))
+                if name == COUNTED:
+                    counted = (counted or 0) + int(pc.sum(part.column(EVENTS_COLUMN)).as_py() or 0)
+                    continue
+                self._check_route(name)
                 by_table.setdefault(name, []).append(part)
         for name, batches in by_table.items():
             if batches:
                 files.extend(self._write_table(name, pa.Table.from_batches(batches), batch_id))
-        return RoutedCommit(files, chunk_rows if records_read is None else records_read, extras,
-                            records_read is not None)
+        if self.listed or records_read is not None:
+            return RoutedCommit(files, records_read or 0, extras, True)
+        return RoutedCommit(files, chunk_rows if counted is None else counted, extras)
 
     def _file_prefix(self, batch_id: int) -> str:
         return f"part-{self.file_tag}-b{batch_id}-"
@@ -377,7 +390,7 @@ def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
 def write_routed(
     df: DataFrame, cfg: Config, name: str, tables: Sequence[str], checkpoint: str | None = None,
     collect: bool = False, layout: int | None = None, driver_step: DriverStep | None = None,
-    keys: Mapping[str, int] | None = None,
+    keys: Mapping[str, int] | None = None, listed: bool = False,
 ) -> DataStreamWriter:
     """An unstarted streaming writer of ``df``'s routed rows into ``tables`` (created if missing).
 
@@ -385,6 +398,7 @@ def write_routed(
     another layout is refused (see :func:`check_layout`), as is one whose state was keyed with other
     ``keys`` settings (``{"faults.shards": 8}``). ``driver_step(batch_id, extras)``: runs
     on the driver after the write job, before the commits, and returns more files to commit.
+    ``listed``: the query's Kafka readers write files and list them with the records they read.
     """
     ensure_tables(cfg.storage.root, tables)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
@@ -393,7 +407,7 @@ def write_routed(
     if layout is not None or keys:
         check_layout(checkpoint, name, layout, keys)
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
-                               driver_step)
+                               driver_step, listed)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)

@@ -28,8 +28,9 @@ from pipeline.faults import EVENT_COLUMNS, STATE_DDL
 from pipeline.faults.concern import FleetFaults
 from pipeline.ipc import ipc_bytes
 from pipeline.stateful import Clock
-from schemas.fields import spark_schema
+from schemas.fields import Field, spark_schema
 from schemas.tables import ROUTE_COLUMN, routed_fields
+from streaming.delta_sink import COUNTED, EVENTS_COLUMN
 from streaming.stateful import NOW, read_chunks, routed_frame, step_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +42,8 @@ FAULT_TABLES = ("producer_fault_windows_live", "producer_fault_windows", "broker
                 "broker_fault_episodes", "broker_health", "quarantine")
 BRONZE = "send_results"
 KEY = "_all"
+# The output's one column beyond the tables': a COUNTED row's send results read in the batch.
+EVENTS_FIELD = Field(EVENTS_COLUMN, "int64", required=False, nullable=True)
 
 
 # Trim only past this much free heap: a smaller rest is faulted straight back in by the next step.
@@ -89,8 +92,11 @@ def faults_function(cfg: Config) -> Any:
 
     def run(key: tuple[str], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         tables, _settle, now_ms = read_chunks(frames)
+        read = sum(rows.num_rows for parts in tables.values() for rows in parts)
         out = step_key(concern, key[0], state, concern.events(tables), Clock(now_ms=now_ms))
-        frame = routed_frame(out, FAULT_TABLES)
+        if read:  # the chunks are few Spark rows for many events: say how many for the progress line
+            out = {**out, COUNTED: pa.table({EVENTS_COLUMN: pa.array([read], pa.int64())})}
+        frame = routed_frame(out, FAULT_TABLES, (EVENTS_FIELD,))
         if len(frame):
             yield frame
         release_memory()
@@ -112,7 +118,7 @@ def build_faults_output(events_df: DataFrame, cfg: Config) -> DataFrame:
                           F.unix_millis(F.current_timestamp()).alias(NOW))
     return keyed.groupBy(KEY).applyInPandasWithState(
         faults_function(cfg),
-        spark_schema(routed_fields(list(FAULT_TABLES))),
+        spark_schema((*routed_fields(list(FAULT_TABLES)), EVENTS_FIELD)),
         STATE_DDL,
         "append",
         GroupStateTimeout.NoTimeout,

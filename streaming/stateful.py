@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pipeline.ipc import ipc_table
 from pipeline.stateful import Clock, Concern, S
-from schemas.fields import arrow_schema
+from schemas.fields import Field, arrow_schema
 from schemas.tables import ROUTE_COLUMN, routed_fields
 from streaming.feeds import plain
 from streaming.kafka_source import SETTLE
@@ -83,9 +83,10 @@ def step_key(
     return done.tables
 
 
-def routed_frame(tables: Mapping[str, pa.Table], names: Sequence[str]) -> pd.DataFrame:
-    """One frame with ``routed_fields(names)`` columns from per-table rows, with nullable dtypes."""
-    schema = arrow_schema(routed_fields(list(names)))
+def routed_frame(tables: Mapping[str, pa.Table], names: Sequence[str], extra: Sequence[Field] = ()) -> pd.DataFrame:
+    """One frame with ``routed_fields(names)`` columns (and ``extra``) from per-table rows, with
+    nullable dtypes."""
+    schema = arrow_schema((*routed_fields(list(names)), *extra))
     parts = []
     for name, rows in tables.items():
         n = rows.num_rows

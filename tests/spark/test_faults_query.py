@@ -23,6 +23,7 @@ from pipeline.faults.frame import Cols, concat, take
 from pipeline.simulate import MemorySink, Simulation
 from schemas.fields import spark_schema
 from schemas.tables import routed_fields
+from streaming.delta_sink import COUNTED, EVENTS_COLUMN
 from streaming.faults_query import FAULT_TABLES, build_faults_output
 from tests.doubles.faults_reference import (
     current_view,
@@ -68,9 +69,12 @@ def run_query(spark: Any, tmp: Path, batches: list[Cols], cfg: Config, name: str
         rows = [r.asDict() for r in spark.sql(f"select * from {name}").collect()]
     finally:
         query.stop()
-    out: dict[str, list[dict]] = {t: [] for t in FAULT_TABLES}
+    out: dict[str, list[dict]] = {t: [] for t in FAULT_TABLES} | {COUNTED: []}
     for r in rows:
         table = r.pop("_table")
+        if table == COUNTED:  # the send results a batch read, for the progress line
+            out[table].append({EVENTS_COLUMN: r[EVENTS_COLUMN]})
+            continue
         out[table].append({k: r[k] for k in (f.name for f in _fields(table))})
     return out
 
@@ -115,6 +119,8 @@ def test_query_writes_exactly_what_the_pure_step_writes(spark: Any, tmp_path: Pa
     assert {q["reason"] for q in got["quarantine"]} == {"late"} and len(got["quarantine"]) == late["ts_ms"].size
     assert [e["broker_name"] for e in current_view(got["broker_fault_episodes_live"], "episode_id")] == ["broker-c"]
     assert got["broker_health"] and all(isinstance(h["failures_by_error"], dict) for h in got["broker_health"])
+    # one count per batch: what it read, not the few chunk rows Spark saw
+    assert sorted(c[EVENTS_COLUMN] for c in got[COUNTED]) == sorted(b["ts_ms"].size for b in batches if b["ts_ms"].size)
 
 
 def test_spark_alone_would_drop_late_rows_before_a_stateful_function(spark: Any, tmp_path: Path) -> None:

@@ -12,7 +12,16 @@ import pytest
 from deltalake import DeltaTable
 
 from schemas.tables import ROUTE_COLUMN, table
-from streaming.delta_sink import WRITTEN, RoutedCommit, RoutedDeltaWriter, ensure_tables, write_table_files
+from streaming.delta_sink import (
+    COUNTED,
+    EVENTS_COLUMN,
+    WRITTEN,
+    RoutedCommit,
+    RoutedDeltaWriter,
+    ensure_tables,
+    read_report,
+    write_table_files,
+)
 from streaming.kafka_source import CHUNK_SCHEMA, to_chunks
 
 TABLES = ["broker_health", "broker_fault_episodes"]
@@ -142,6 +151,25 @@ def test_files_a_reader_wrote_are_committed_as_listed(tmp_path: Path) -> None:
     bad = pa.RecordBatch.from_pylist([{ROUTE_COLUMN: WRITTEN, "rows": 1, "arrow": stray}], schema=chunks.schema)
     with pytest.raises(ValueError, match="quarantine"):
         w.write(iter([bad]), batch_id=1)
+
+
+def test_a_listing_query_reports_what_its_readers_read_and_nothing_more(tmp_path: Path) -> None:
+    """The progress line's ``in``: a batch of a listing query (bronze, combined) that read nothing
+    and only settled reports 0, not its derived rows; a counting query (``faults``) reports its
+    ``COUNTED`` rows, not the few chunk rows Spark saw."""
+    ensure_tables(str(tmp_path), TABLES)
+    listing = RoutedDeltaWriter(str(tmp_path), TABLES, "test:listing", str(tmp_path / "report"), listed=True)
+    settled = listing.write(iter([to_chunks(_rows("broker_fault_episodes", 2))]), batch_id=0)
+    assert (settled.events_in, settled.listed) == (0, True)
+    listing.commit([settled, RoutedCommit()], 0)  # the driver step's message beside it
+    assert read_report(str(tmp_path / "report"), 0) == {"broker_fault_episodes": 2, "_events_in": 0}
+
+    counting = RoutedDeltaWriter(str(tmp_path), TABLES, "test:counting", str(tmp_path / "counted"))
+    count = pa.RecordBatch.from_pydict({ROUTE_COLUMN: [COUNTED, COUNTED], EVENTS_COLUMN: pa.array([700, 50], pa.int64())})
+    tasks = [counting.write(iter([count, _rows("broker_health", 3)]), batch_id=0), counting.write(iter([]), batch_id=0)]
+    assert [t.events_in for t in tasks] == [750, None]
+    counting.commit(tasks, 0)
+    assert read_report(str(tmp_path / "counted"), 0) == {"broker_health": 3, "_events_in": 750}
 
 
 def _chunk(batch: pa.RecordBatch) -> tuple[str, int, bytes]:
