@@ -135,7 +135,13 @@ def is_local_path(path: str) -> bool:
 
 def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
     """Create (or return the active) session from ``cfg.spark``; workers use this interpreter."""
-    check_java()
+    java = check_java()
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver's JVM already
+    driver_options = DEFAULT_JAVA_OPTIONS
+    if not submitted and "spark.driver.extraJavaOptions" not in cfg.spark.conf:
+        from streaming.class_archive import driver_options as with_archive
+
+        driver_options = with_archive(java, DEFAULT_JAVA_OPTIONS)  # Spark's classes mapped, not loaded
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(cfg.spark.master)
     # The JVM starts its data source lookup with this one (on this machine, whatever the master).
@@ -163,7 +169,7 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # worth their CPU: their threads compete with the Python workers for the cores, and a small
         # heap of short-lived garbage is collected as cheaply by the serial collector
         # (docs/performance.md).
-        .config("spark.driver.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
+        .config("spark.driver.extraJavaOptions", driver_options)
         .config("spark.executor.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
         # A stateful task prefers the executor that holds its state store, and by default a free
         # executor waits 3 s before it takes another one's task: on a cluster a whole micro-batch
@@ -178,7 +184,6 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
     for key, value in cfg.spark.conf.items():  # [spark.conf] may set any of the above
         builder = builder.config(key, value)
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver's JVM already
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if submitted:
