@@ -39,8 +39,10 @@ def archive_path(java: str, java_options: str) -> Path:
     """Where the archive for this Spark, this JDK and these JVM flags lives (it may not exist)."""
     import pyspark
 
+    from streaming.session import java_version
+
     try:
-        version = subprocess.run([java, "-version"], check=False, capture_output=True, text=True, timeout=30).stderr
+        version = java_version(java)  # check_java asked already
     except OSError:
         version = java
     key = hashlib.sha256(f"{pyspark.__version__}\n{pyspark.__file__}\n{java}\n{version}\n{java_options}".encode())
@@ -70,7 +72,7 @@ def start_build(path: Path) -> None:
         subprocess.Popen(
             ["nice", "-n", "19", sys.executable, "-m", "streaming.class_archive", str(path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            start_new_session=True, env=_child_env(),
         )
     except OSError:
         return  # no cache to write to: Spark starts without an archive
@@ -105,7 +107,7 @@ def _run_spark(java_options: str, timeout_s: float) -> bool:
         "proc.stdin.close()\n"  # the JVM exits on it, writing the archive first
         "sys.exit(proc.wait())\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = _child_env()
     try:
         with tempfile.TemporaryDirectory() as scratch:  # a JVM that cannot map a bad archive dies
             done = subprocess.run(  # with a crash report in its working directory: drop it here
@@ -114,6 +116,11 @@ def _run_spark(java_options: str, timeout_s: float) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment, with its import path (faultwatch from a checkout too)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
 
 def main(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -107,6 +108,12 @@ def driver_python() -> str:
     return sys.executable  # e.g. a read-only or noexec temporary directory: the zips, slower
 
 
+@functools.cache
+def java_version(java: str) -> str:
+    """What ``java -version`` prints (asked once per process: a JVM start costs ~0.2 s)."""
+    return subprocess.run([java, "-version"], check=False, capture_output=True, text=True, timeout=30).stderr
+
+
 def check_java() -> str:
     """Return the java executable, or raise a clear error instead of py4j's stack trace."""
     java_home = os.environ.get("JAVA_HOME")
@@ -118,7 +125,7 @@ def check_java() -> str:
             + ". Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set JAVA_HOME."
         )
     try:
-        out = subprocess.run([java, "-version"], check=False, capture_output=True, text=True, timeout=30).stderr
+        out = java_version(java)
     except OSError as exc:
         raise JavaMissingError(f"cannot run {java}: {exc}") from None
     if '"1.8' in out or 'version "11' in out:
