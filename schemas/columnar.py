@@ -194,6 +194,11 @@ def _mask(n: int, indexes: list[int]) -> list[bool]:
 
 
 def _bounds_violations(f: Field, arr: pa.Array) -> list[int] | None:
+    if f.min is None and f.max is None:
+        return None
+    low, high = _min_max(arr)
+    if low is None or ((f.min is None or low >= f.min) and (f.max is None or high <= f.max)):
+        return None  # the common case in one pass: every value within bounds
     mask = None
     if f.min is not None:
         mask = pc.less(arr, f.min)
@@ -205,12 +210,22 @@ def _bounds_violations(f: Field, arr: pa.Array) -> list[int] | None:
 
 def _string_violations(f: Field, arr: pa.Array) -> list[int] | None:
     lengths = pc.utf8_length(arr)
+    low, high = _min_max(lengths)
+    if low is None or (low > 0 and (f.max_len is None or high <= f.max_len) and (
+            f.enum is None or set(pc.unique(arr).drop_null().to_pylist()) <= set(f.enum))):
+        return None  # the common case in a few passes: no empty, long or unknown string
     mask = pc.equal(lengths, 0)
     if f.max_len is not None:
         mask = pc.or_(mask, pc.greater(lengths, f.max_len))
     if f.enum is not None:
         mask = pc.or_(mask, pc.invert(pc.is_in(arr, value_set=pa.array(list(f.enum), pa.string()))))
     return _true_indexes(mask)
+
+
+def _min_max(arr: pa.Array) -> tuple[Any, Any]:
+    """The smallest and largest non-null value; (None, None) when there is none."""
+    both = pc.min_max(arr)
+    return both["min"].as_py(), both["max"].as_py()
 
 
 def _true_indexes(mask: pa.Array | None) -> list[int] | None:
