@@ -15,6 +15,7 @@ deserializers take kafka-python's own loop unchanged.
 :func:`install` puts it into one consumer. It leans on kafka-python internals (``Fetcher`` and
 its ``PartitionRecords``, ``DefaultRecordBatch``'s header fields), so it checks them first and
 leaves the consumer as it is if they are not there (pyproject pins kafka-python below 3.1).
+:func:`read_until` stops the unpacking at a range's end: a fetch response holds up to 16 MiB.
 ``tests/unit/test_kafka_records.py`` holds both forms equal to kafka-python's loop on batches with
 headers, null keys and values, compression, control batches, log-append time and corrupt bytes.
 """
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import kafka.errors as Errors
@@ -40,7 +42,13 @@ _REQUIRED = ("_buffer", "_pos", "_header_data", "_maybe_uncompress", "validate_c
 
 
 class FastPartitionRecords(Fetcher.PartitionRecords):
-    """``Fetcher.PartitionRecords`` whose v2 batches are unpacked by :func:`_unpack_v2`."""
+    """``Fetcher.PartitionRecords`` whose v2 batches are unpacked by :func:`_unpack_v2`.
+
+    ``stop_offsets`` (per consumer: :func:`install` gives each its own subclass, :func:`read_until`
+    fills it) ends a partition's unpacking at the first batch that starts at or past the offset: a
+    reader of a short range then unpacks the batches it reads, not the whole fetch response."""
+
+    stop_offsets: Mapping[Any, int] = MappingProxyType({})
 
     def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Iterator[Any]:
         if key_deserializer is not None or value_deserializer is not None or self.aborted_transactions or (
@@ -51,7 +59,13 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
         try:
             batch = records.next_batch()
             last_batch = None
+            stop = self.stop_offsets.get(tp)
             while batch is not None:
+                if stop is not None and batch.base_offset >= stop:  # this batch and the rest: not wanted
+                    yield from self._flush()
+                    self.next_fetch_offset = batch.base_offset
+                    self.drain()
+                    return
                 last_batch = batch
                 if self.check_crcs and not batch.validate_crc():
                     raise Errors.CorruptRecordError(
@@ -396,5 +410,17 @@ def install(consumer: Any, columns: bool = False) -> bool:
     ):
         log.warning("kafka-python internals changed: fetched records are unpacked by kafka-python itself (slower)")
         return False
-    fetcher.PartitionRecords = ColumnarPartitionRecords if columns else FastPartitionRecords
+    base = ColumnarPartitionRecords if columns else FastPartitionRecords
+    fetcher.PartitionRecords = type(base.__name__, (base,), {"stop_offsets": {}})  # this consumer's own stops
     return True
+
+
+def read_until(consumer: Any, tp: Any, offset: int | None) -> None:
+    """Unpack ``consumer``'s fetches of ``tp`` only up to the batch holding ``offset - 1`` (None: all
+    of them). A no-op for a consumer :func:`install` left as it was."""
+    stops = getattr(getattr(consumer, "_fetcher", None), "PartitionRecords", FastPartitionRecords).stop_offsets
+    if isinstance(stops, dict):
+        if offset is None:
+            stops.pop(tp, None)
+        else:
+            stops[tp] = offset

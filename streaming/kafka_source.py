@@ -669,7 +669,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     from kafka import TopicPartition
 
     from streaming.heap import keep_freed_memory
-    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_records import RecordColumns, read_until
     from streaming.kafka_records import install as install_fast_records
 
     cache_key = options.get(SECRET_OPTION, "")
@@ -687,6 +687,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     tp = TopicPartition(part.topic, part.partition)
     consumer.assign([tp])
     consumer.seek(tp, part.start)
+    read_until(consumer, tp, part.end)  # a fetch response may reach far past the range: leave the rest packed
     stall_limit = float(options.get("connect_timeout_s", "30"))
     last_progress = time.monotonic()
     position = part.start

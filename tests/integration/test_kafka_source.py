@@ -256,7 +256,8 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
 
 def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(kafka) -> None:  # type: ignore[no-untyped-def]
     """_fetch_range's consumer unpacks batches into columns (streaming.kafka_records); over the real broker it
-    yields exactly the records a stock kafka-python consumer yields (keys, values, headers, times)."""
+    yields exactly the records a stock kafka-python consumer yields (keys, values, headers, times), also
+    for ranges that end inside the log (their unpacking stops at the range's end) read one after another."""
     from kafka import KafkaConsumer, TopicPartition
 
     from streaming.kafka_records import ColumnarPartitionRecords, RecordColumns
@@ -286,11 +287,15 @@ def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(
     got = RecordColumns.joined(list(_fetch_range(r.options, TopicPartitionRange("src.fast", 0, "send_result", 0, 800))))
     consumer = _CONSUMERS[r.options[SECRET_OPTION]]
     try:
-        assert consumer._fetcher.PartitionRecords is ColumnarPartitionRecords
+        assert issubclass(consumer._fetcher.PartitionRecords, ColumnarPartitionRecords)
         assert list(zip(got.offsets, got.timestamps, got.keys, got.values)) == [
             (rec.offset, rec.timestamp, rec.key, rec.value) for rec in expected]
         assert [[] if h is None else h[0] for h in got.headers] == [rec.headers for rec in expected]
         assert got.offsets == list(range(800))
+        for start, end in [(0, 1), (1, 137), (137, 401), (401, 799), (5, 650), (799, 800)]:
+            part = RecordColumns.joined(list(_fetch_range(r.options, TopicPartitionRange(
+                "src.fast", 0, "send_result", start, end))))
+            assert list(zip(part.offsets, part.values)) == [(rec.offset, rec.value) for rec in expected[start:end]]
     finally:
         _CONSUMERS.pop(r.options[SECRET_OPTION]).close()
 

@@ -22,6 +22,7 @@ from streaming.kafka_records import (
     FastPartitionRecords,
     RecordColumns,
     install,
+    read_until,
     unpack_v2,
 )
 
@@ -258,3 +259,36 @@ def test_a_fetch_decodes_the_same_from_slices_as_from_lists(odd):
     decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
     assert n == 2 and decoder.decode("t", 0, lazy).equals(decoder.decode("t", 0, listed))
     assert decoder.decode("t", 0, lazy.before(2)).equals(decoder.decode("t", 0, listed.before(2)))
+
+
+def _stored(start: int, n: int) -> bytes:
+    """A batch as a broker stores it: the base offset in its header (a producer's batches, as
+    ``_batch`` builds them, say 0 and carry the offsets in the records' deltas)."""
+    return struct.pack(">q", start) + _batch(n=n)[8:]  # (the CRC does not cover the base offset)
+
+
+@pytest.mark.parametrize("cls", [FastPartitionRecords, ColumnarPartitionRecords])
+@pytest.mark.parametrize(("stop", "last", "position"), [(60, 79, 80), (50, 49, 50), (81, 80, 81), (500, 80, 81)])
+def test_a_stop_offset_leaves_the_batches_past_it_packed(cls, stop, last, position):
+    data = _stored(0, 50) + _stored(50, 30) + _stored(80, 1)
+    stopping = type(cls.__name__, (cls,), {"stop_offsets": {TP: stop, TopicPartition("t", 4): 1}})
+    got, positions, (records_read, _) = _take_all(stopping, data, fetch_offset=3, step=2)
+    offsets = RecordColumns.joined(got).offsets if cls is ColumnarPartitionRecords else [r.offset for r in got]
+    assert offsets == list(range(3, last + 1))  # the batch holding stop - 1 whole, none after it
+    assert positions[-1] == position and records_read == last + 1
+
+
+def test_read_until_sets_one_consumers_stops_only():
+    class Consumer:  # install needs only the fetcher attribute kafka-python's consumer has
+        def __init__(self) -> None:
+            self._fetcher = type("F", (), {})()
+
+    a, b = Consumer(), Consumer()
+    assert install(a, columns=True) and install(b)
+    read_until(a, TP, 70)
+    assert a._fetcher.PartitionRecords.stop_offsets == {TP: 70} and b._fetcher.PartitionRecords.stop_offsets == {}
+    assert issubclass(a._fetcher.PartitionRecords, ColumnarPartitionRecords)
+    assert FastPartitionRecords.stop_offsets == {}
+    read_until(a, TP, None)
+    assert a._fetcher.PartitionRecords.stop_offsets == {}
+    read_until(object(), TP, 5)  # a consumer install left alone: nothing to do
