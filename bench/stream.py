@@ -1,6 +1,6 @@
 """The streaming job users run, over a realistic backlog, against the raw consume ceiling.
 
-    .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 2]
+    .venv/bin/python bench/stream.py [--events 1000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
 
 Preloads a simulator backlog into a local broker (``--clusters`` instances of
 ``bench/stream_backlog.toml``, each under its own cluster name: brokers, producers, consumer
@@ -10,8 +10,10 @@ and prints events/s (wall and from the first micro-batch), per query, against th
 ``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
 repeats the job on local[1] and local[2], and on a standalone cluster of one and two one-core
 workers, in ``--pairs`` alternated pairs (one run each swung the ratios by 0.4 between runs of the
-same code), and prints each pair's ratio and their median. Nothing asserts timings: the load
-average is printed with the figures.
+same code), and prints each pair's ratio and their median. Before them it measures the machine's
+own ratio on the job's kind of work without Spark (a slice of the backlog's send results decoded
+and written as Parquet in memory, by one process, then by two at once): the job's ratios cannot
+exceed it. Nothing asserts timings: the load average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ class RunFigures:
     code: int = 0
     wall_s: float = 0.0
     startup_s: float = 0.0  # to the start of the first micro-batch
-    processing_s: float = 0.0  # from there to the last "total:" line
+    processing_s: float = 0.0  # from there to the end of the last micro-batch (its line)
+    stop_s: float = 0.0  # from there to the last "total:" line, printed once Spark has stopped
     peak_rss: int = 0
     queries: dict[str, QueryFigures] = field(default_factory=dict)
     cores_busy: float = float("nan")  # the whole machine's busy CPU over the processing, in cores
@@ -195,6 +198,7 @@ def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -
     r = RunFigures()
     t0 = time.perf_counter()
     first: list[float] = []
+    ended: list[float] = []  # when each batch line came: --once ends its query right after the last
     done: list[float] = []
 
     def on_line(line: str) -> None:
@@ -211,6 +215,7 @@ def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -
                 q.tasks = tasks[1]
             if not first:
                 first.append(now - secs)  # the line comes when the batch is over
+            ended.append(now)
             print("   ", line.rstrip(), flush=True)
         elif line.startswith("faultwatch stream: kafka="):  # the header: where it runs, the Spark master
             print("   ", line.rstrip(), flush=True)
@@ -230,7 +235,9 @@ def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -
     r.wall_s = end - t0
     start = first[0] if first else end
     r.startup_s = start - t0
-    r.processing_s = (done[-1] if done else end) - start
+    last = ended[-1] if ended else end
+    r.processing_s = last - start
+    r.stop_s = (done[-1] if done else end) - last
     r.cores_busy = cpu.cores(start, start + r.processing_s)
     return r
 
@@ -353,6 +360,82 @@ def fresh(work: Path, name: str) -> Path:
     return data
 
 
+SAMPLE_RECORDS = 100_000
+SAMPLE_ROUNDS = 5
+CHUNK = 10_000  # records decoded at a time by the machine probe
+
+
+def sample_send_results(bootstrap: str, path: Path, n: int = SAMPLE_RECORDS) -> int:
+    """Write the first ``n`` send results of the backlog (every partition in turn) to ``path`` as
+    length-prefixed values; how many there were."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = Config().topics.event_topics()["send_result"]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+    consumer.assign(tps)
+    values: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(values) < n and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500, max_records=5_000).values():
+            values.extend(r.value for r in records if r.value is not None)
+    consumer.close()
+    values = values[:n]
+    with path.open("wb") as out:
+        for v in values:
+            out.write(len(v).to_bytes(4, "big") + v)
+    return len(values)
+
+
+def _decode_sample(path: str, rounds: int) -> None:
+    """The reader tasks' main work on the sample, ``rounds`` times: decode 10,000 records at a time
+    (the job's own decoder) and write the rows as Parquet into memory."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streaming.decode import BatchDecoder
+    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_source import output_tables
+
+    data, values, pos = Path(path).read_bytes(), [], 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        values.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    decoder = BatchDecoder("send_result", output_tables(["send_result"]), 65_536)
+    for _ in range(rounds):
+        for lo in range(0, len(values), CHUNK):
+            chunk = values[lo:lo + CHUNK]
+            cols = RecordColumns()
+            cols.offsets = list(range(lo, lo + len(chunk)))
+            cols.timestamps = [0] * len(chunk)
+            cols.keys = [None] * len(chunk)
+            cols.values = chunk
+            cols.headers = [None] * len(chunk)
+            cols.sizes = [len(v) for v in chunk]
+            pq.write_table(pa.Table.from_batches([decoder.decode("t", 0, cols)]), io.BytesIO(), compression="zstd")
+
+
+def machine_scaling(bootstrap: str, work: Path, pairs: int) -> None:
+    """The machine's own ratio on the job's kind of work: the sample decoded by one process, then
+    by two at once (each the same work), in alternated pairs; throughput ratio = 2 x one's time /
+    two's time. Memory traffic, not only cores, is shared: two processes rarely get twice one."""
+    path = work / "sample.bin"
+    n = sample_send_results(bootstrap, path)
+    ratios = []
+    for pair in range(pairs):
+        one = run_parallel(_decode_sample, [(str(path), SAMPLE_ROUNDS)])
+        two = run_parallel(_decode_sample, [(str(path), SAMPLE_ROUNDS)] * 2)
+        ratios.append(2 * one / two)
+        print(f"machine (pair {pair + 1}): {n * SAMPLE_ROUNDS / one:,.0f} records/s decoded by one process, "
+              f"{2 * n * SAMPLE_ROUNDS / two:,.0f} by two at once", flush=True)
+    print_ratios("two processes / one, the job's decoding without Spark (the machine's bound)", ratios,
+             [1.0] * len(ratios))
+
+
 def scaling(bootstrap: str, work: Path, events: int, pairs: int) -> None:
     """local[1] vs local[2], then a standalone cluster with one vs two one-core workers: each in
     ``pairs`` alternated pairs (this machine's speed drifts within minutes), every pair's ratio
@@ -412,8 +495,8 @@ def report(r: RunFigures, events: int, ceiling_rate: float, data: Path) -> None:
     print(f"job: {events:,} events in {r.wall_s:.1f}s = {wall:,.0f} events/s wall "
           f"({r.startup_s:.1f}s of start-up before the first micro-batch)")
     print(f"job: {processing:,.0f} events/s processing ({r.processing_s:.1f}s from the start of the first "
-          f"micro-batch to the last commit; the machine's CPU busy meanwhile: {r.cores_busy:.2f} of "
-          f"{os.cpu_count()} cores)")
+          f"micro-batch to the end of the last; the machine's CPU busy meanwhile: {r.cores_busy:.2f} of "
+          f"{os.cpu_count()} cores; then {r.stop_s:.1f}s to stop Spark and exit)")
     for name, q in r.queries.items():
         steady = f", after its first batch {q.later_events / q.later_s:,.0f}" if q.later_s else ""
         told = "" if q.total_events in (None, q.events) else f" (its total line: {q.total_events:,})"
@@ -433,7 +516,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="a small backlog (60k events) for a smoke run")
     ap.add_argument("--skip-scaling", action="store_true", help="only the main run, no local[1] or standalone runs")
-    ap.add_argument("--pairs", type=int, default=2, help="alternated pairs per scaling ratio")
+    ap.add_argument("--pairs", type=int, default=3, help="alternated pairs per scaling ratio (odd: a true median)")
     args = ap.parse_args()
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
@@ -454,6 +537,7 @@ def main() -> None:
             raise SystemExit(1)
         report(main_run, events, events / secs, data)
         if not args.skip_scaling:
+            machine_scaling(kafka.bootstrap, work, args.pairs)
             scaling(kafka.bootstrap, work, events, args.pairs)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
