@@ -421,8 +421,9 @@ def _decode_sample(path: str, rounds: int) -> None:
 
 def machine_scaling(bootstrap: str, work: Path, pairs: int) -> None:
     """The machine's own ratio on the job's kind of work: the sample decoded by one process, then
-    by two at once (each the same work), in alternated pairs; throughput ratio = 2 x one's time /
-    two's time. Memory traffic, not only cores, is shared: two processes rarely get twice one."""
+    by two at once (each the same work, its imports included), in alternated pairs; throughput
+    ratio = 2 x one's time / two's time. Caches and memory traffic are shared too, so it may be
+    below 2 on a machine whose cores are idle."""
     path = work / "sample.bin"
     n = sample_send_results(bootstrap, path)
     ratios = []
