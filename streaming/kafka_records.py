@@ -415,12 +415,9 @@ def install(consumer: Any, columns: bool = False) -> bool:
     return True
 
 
-def read_until(consumer: Any, tp: Any, offset: int | None) -> None:
-    """Unpack ``consumer``'s fetches of ``tp`` only up to the batch holding ``offset - 1`` (None: all
-    of them). A no-op for a consumer :func:`install` left as it was."""
+def read_until(consumer: Any, tp: Any, offset: int) -> None:
+    """Unpack ``consumer``'s fetches of ``tp`` only up to the batch holding ``offset - 1``. A no-op
+    for a consumer :func:`install` left as it was."""
     stops = getattr(getattr(consumer, "_fetcher", None), "PartitionRecords", FastPartitionRecords).stop_offsets
     if isinstance(stops, dict):
-        if offset is None:
-            stops.pop(tp, None)
-        else:
-            stops[tp] = offset
+        stops[tp] = offset

@@ -289,6 +289,6 @@ def test_read_until_sets_one_consumers_stops_only():
     assert a._fetcher.PartitionRecords.stop_offsets == {TP: 70} and b._fetcher.PartitionRecords.stop_offsets == {}
     assert issubclass(a._fetcher.PartitionRecords, ColumnarPartitionRecords)
     assert FastPartitionRecords.stop_offsets == {}
-    read_until(a, TP, None)
-    assert a._fetcher.PartitionRecords.stop_offsets == {}
+    read_until(a, TP, 90)  # the next range of the partition
+    assert a._fetcher.PartitionRecords.stop_offsets == {TP: 90}
     read_until(object(), TP, 5)  # a consumer install left alone: nothing to do
