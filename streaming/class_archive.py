@@ -1,4 +1,4 @@
-"""A class-data-sharing archive for the driver's JVM: about 4 s off every Spark start.
+"""A class-data-sharing archive for Spark's JVMs: about 4 s off every Spark start.
 
 Most of a ``faultwatch stream`` start is the JVM loading Spark's classes (docs/performance.md).
 JDK 17 can dump the classes a run loaded (``-XX:ArchiveClassesAtExit``) and map them into later
@@ -6,7 +6,10 @@ JVMs (``-XX:SharedArchiveFile``). The archive is written as the JVM exits, after
 process that started it, and a truncated one makes the JVM fail to start, so it is built by a
 process of its own (``python -m streaming.class_archive``): a small Spark run, its JVM waited for,
 the file tried by a JVM started with ``-Xshare:on``, and only then moved into place. Keyed by the
-Spark version, the JDK and the JVM flags; ``FAULTWATCH_CLASS_ARCHIVE=0`` turns it off.
+Spark version, the JDK and the JVM flags; ``FAULTWATCH_CLASS_ARCHIVE=0`` turns it off. Executors
+get it too when it is built (:func:`executor_options`): on this machine they load fewer classes
+in their first tasks; elsewhere the file is missing or made for another install, and the JVM
+starts as it would without it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,18 @@ def driver_options(java: str, java_options: str) -> str:
         return f"{java_options} -XX:SharedArchiveFile={path} {QUIET}"
     start_build(path)
     return java_options
+
+
+def executor_options(java: str, java_options: str) -> str:
+    """``java_options`` plus the archive's flags when it is built here; never starts a build.
+
+    An executor JVM maps it only if the file is there and matches its JDK and class path (same
+    Spark install); otherwise sharing is off and it starts as it would without the flags.
+    """
+    if not enabled():
+        return java_options
+    path = archive_path(java, java_options)
+    return f"{java_options} -XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else java_options
 
 
 def start_build(path: Path) -> None:

@@ -144,11 +144,12 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
     """Create (or return the active) session from ``cfg.spark``; workers use this interpreter."""
     java = check_java()
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver's JVM already
+    from streaming import class_archive
+
     driver_options = DEFAULT_JAVA_OPTIONS
     if not submitted and "spark.driver.extraJavaOptions" not in cfg.spark.conf:
-        from streaming.class_archive import driver_options as with_archive
-
-        driver_options = with_archive(java, DEFAULT_JAVA_OPTIONS)  # Spark's classes mapped, not loaded
+        driver_options = class_archive.driver_options(java, DEFAULT_JAVA_OPTIONS)  # classes mapped, not loaded
+    executor_options = class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS)
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(cfg.spark.master)
     # The JVM starts its data source lookup with this one (on this machine, whatever the master).
@@ -177,7 +178,7 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # heap of short-lived garbage is collected as cheaply by the serial collector
         # (docs/performance.md).
         .config("spark.driver.extraJavaOptions", driver_options)
-        .config("spark.executor.extraJavaOptions", DEFAULT_JAVA_OPTIONS)
+        .config("spark.executor.extraJavaOptions", executor_options)
         # A stateful task prefers the executor that holds its state store, and by default a free
         # executor waits 3 s before it takes another one's task: on a cluster a whole micro-batch
         # could stall for it. The fault and lag states are a few MiB, cheaper to load from the

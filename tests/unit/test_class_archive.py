@@ -1,5 +1,5 @@
-"""The driver's class-data-sharing archive: built by a real JDK, used by the session, and never put
-in place when a JVM cannot start with it."""
+"""Spark's class-data-sharing archive: built by a real JDK, used by the session's driver and
+executors, and never put in place when a JVM cannot start with it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from streaming import class_archive
@@ -22,6 +23,7 @@ SESSION_FLAGS = (
     "jvm = spark.sparkContext._jvm\n"
     "args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())\n"
     "print('FLAGS', ' '.join(str(a) for a in args))\n"
+    "print('EXECUTOR', spark.conf.get('spark.executor.extraJavaOptions'))\n"
     "spark.stop()\n"
 )
 
@@ -42,6 +44,18 @@ def test_a_built_archive_is_what_the_session_starts_with(tmp_path: Path, monkeyp
     flags = next(line for line in done.stdout.splitlines() if line.startswith("FLAGS "))
     assert f"-XX:SharedArchiveFile={path}" in flags.split()
     assert "][cds" not in done.stdout + done.stderr  # the JVM's sharing notes stay off the console
+    executor = next(line for line in done.stdout.splitlines() if line.startswith("EXECUTOR "))
+    assert executor.split(" ", 1)[1] == class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS)
+    assert f"-XX:SharedArchiveFile={path}" in executor.split()
+    # An executor started by a standalone worker has this class path: its JVM maps Spark's classes
+    # from the archive (-Xshare:on refuses to start on a class-path mismatch).
+    home = Path(pyspark.__file__).parent
+    slf4j = next((home / "jars").glob("slf4j-api-*.jar"))
+    loaded = subprocess.run(
+        [java, *DEFAULT_JAVA_OPTIONS.split(), f"-XX:SharedArchiveFile={path}", "-Xshare:on", "-Xlog:class+load=info",
+         "-cp", f"{home / 'conf'}:{slf4j}:{home / 'jars'}/*", "org.apache.spark.util.Utils"],
+        check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert "org.apache.spark.util.Utils source: shared objects file" in loaded.stdout, loaded.stdout[-2000:]
 
 
 def test_a_truncated_archive_fails_the_check_and_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,9 +79,17 @@ def test_without_an_archive_the_session_starts_as_before_and_a_build_starts_once
     java = check_java()
     assert class_archive.driver_options(java, DEFAULT_JAVA_OPTIONS) == DEFAULT_JAVA_OPTIONS
     assert started == [class_archive.archive_path(java, DEFAULT_JAVA_OPTIONS)]
+    assert class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS) == DEFAULT_JAVA_OPTIONS  # never builds
     monkeypatch.setenv(class_archive.ENV, "0")
     assert class_archive.driver_options(java, DEFAULT_JAVA_OPTIONS) == DEFAULT_JAVA_OPTIONS
     assert len(started) == 1
+    path = class_archive.archive_path(java, DEFAULT_JAVA_OPTIONS)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"built")
+    assert class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS) == DEFAULT_JAVA_OPTIONS  # turned off
+    monkeypatch.setenv(class_archive.ENV, "1")
+    assert class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS) == (
+        f"{DEFAULT_JAVA_OPTIONS} -XX:SharedArchiveFile={path} {class_archive.QUIET}")
 
 
 def test_a_build_under_way_is_not_started_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
