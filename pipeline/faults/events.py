@@ -10,6 +10,7 @@ that claim the same Kafka position (possible outside Kafka, e.g. in tests).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -78,13 +79,15 @@ class Events(Mapping[str, np.ndarray]):
         self._cols: Cols = {} if isinstance(source, pa.Table) else dict(source)
         self._coded: dict[str, Coded] = {}
         self.num_rows = source.num_rows if isinstance(source, pa.Table) else nrows(source)
+        # pyarrow builds this list anew on every access: kept, since membership is asked per column
+        self._table_names = source.column_names if isinstance(source, pa.Table) else []
 
     def _names(self) -> list[str]:
-        return list(self._cols) if self._table is None else self._table.column_names
+        return list(self._cols) if self._table is None else self._table_names
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._cols:
-            if self._table is None or name not in self._table.column_names:
+            if self._table is None or name not in self._table_names:
                 raise KeyError(name)
             self._cols[name] = from_arrow(self._table.select([name]), {name: EVENT_SCHEMA[name]})[name]
         return self._cols[name]
@@ -293,16 +296,20 @@ def error_classes(errors: np.ndarray) -> np.ndarray:
 
 def reencode(events: Mapping[str, np.ndarray], rows: Iterable[int]) -> list[bytes]:
     """The JSON of each event, as the send hook would have written it (for quarantine rows)."""
-    out = []
-    for i in rows:
-        fields = {name: _plain(events[name][i]) for name in SendResult.__dataclass_fields__ if name in events}
-        out.append(SendResult(**fields).to_json())
-    return out
+    cols = {name: events[name] for name in SendResult.__dataclass_fields__ if name in events}  # once, not per row
+    return [SendResult(**{name: _plain(col[i], name in _INT_FIELDS) for name, col in cols.items()}).to_json()
+            for i in rows]
 
 
-def _plain(value: Any) -> Any:
+# Read from Arrow, a nullable integer column arrives as floats (NaN for null): re-encoded as integers.
+_INT_FIELDS = frozenset(name for name, f in SendResult.__dataclass_fields__.items() if str(f.type).startswith("int"))
+
+
+def _plain(value: Any, integer: bool = False) -> Any:
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if integer and isinstance(value, float):
+        return None if math.isnan(value) else int(value)
     return value
 
 

@@ -126,3 +126,23 @@ def test_events_from_dictionary_encoded_arrow_read_as_from_columns() -> None:
         for c in ("isolation", "reachable", "send_latency_fault_enable"):
             assert [a.tolist() for a in got.flags(c, rows)] == [a.tolist() for a in want.flags(c, rows)]
             assert got.flags(c, rows)[0].any() and not got.flags(c, rows)[0].all(), c
+
+
+def test_events_read_from_arrow_re_encode_as_the_columns_do() -> None:
+    """The fault step gets its events as an Arrow table (:class:`Events`); quarantine rows re-encode
+    them row by row, so the table's column names are read once, not per row and field."""
+    import pyarrow as pa
+
+    from pipeline.faults.concern import event_schema
+    from pipeline.faults.events import EVENT_COLUMNS, Events, reencode
+    from schemas.events import decode_event
+
+    cols = from_send_results(random_stream(7, events=40))
+    kept = [c for c in EVENT_COLUMNS if c != "reachable"]
+    events = Events(pa.table({c: pa.array(list(cols[c]), event_schema().field(c).type) for c in kept}))
+    assert "broker_name" in events and "reachable" not in events and "nonsense" not in events
+    assert list(events) == kept and len(events) == len(kept)
+    rows = [0, 5, 39]
+    assert reencode(events, rows) == reencode({c: cols[c] for c in kept}, rows)
+    assert [decode_event("send_result", raw)["broker_name"] for raw in reencode(events, rows)] == [
+        cols["broker_name"][i] for i in rows]
