@@ -25,6 +25,7 @@ def exec_args(args: Sequence[str]) -> list[str]:
 
 
 def main() -> None:
+    os.environ["PYTHONSAFEPATH"] = "1"  # -m must not import from the working directory (streaming.session)
     os.execv(sys.executable, [sys.executable, *exec_args(sys.argv[1:])])
 
 

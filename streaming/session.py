@@ -54,7 +54,10 @@ for p in $old; do
 done
 unset IFS
 PYTHONPATH=$new
-export PYTHONPATH
+# Spark runs these as "python -m ...", which puts the working directory first on sys.path: a
+# project's own pipeline/ or streaming/ there would shadow faultwatch's (Python 3.11+ honours this).
+PYTHONSAFEPATH=1
+export PYTHONPATH PYTHONSAFEPATH
 # Spark's planner daemons run pyspark's own daemon: run faultwatch's, which ends quietly on a closed socket.
 if [ "$1" = -m ] && [ "$2" = pyspark.daemon ]; then
   shift 2
@@ -170,6 +173,8 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.metricsEnabled", "false")
         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+        # and not from the directory the job was started in (see the wrapper above)
+        .config("spark.executorEnv.PYTHONSAFEPATH", "1")
         # The JVM only moves Arrow chunks between Python processes; its default heap (a quarter of
         # the machine's memory) just lets garbage pile up. [spark.conf] may raise it.
         .config("spark.driver.memory", DEFAULT_DRIVER_MEMORY)
