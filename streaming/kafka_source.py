@@ -660,7 +660,15 @@ def _cap_rows(start: dict, end: dict, max_rows: int) -> dict:
     return capped
 
 
-_CONSUMERS: dict[str, Any] = {}
+# A worker process's consumers, one per (source, topic): Python workers are reused across tasks. A
+# group-less consumer knows only the leaders of the topics it was assigned; moved to another topic
+# it asked for metadata after its 100 ms idle back-off, ~90-140 ms per switch of a reader task
+# (docs/performance.md, 2026-11-27 (20) and (21)).
+_CONSUMERS: dict[tuple[str, str], Any] = {}
+
+
+def consumer_key(options: dict[str, str], topic: str) -> tuple[str, str]:
+    return options.get(SECRET_OPTION, ""), topic
 
 
 def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[Any]:
@@ -672,9 +680,9 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     from streaming.kafka_records import RecordColumns, read_until
     from streaming.kafka_records import install as install_fast_records
 
-    cache_key = options.get(SECRET_OPTION, "")
+    cache_key = consumer_key(options, part.topic)
     consumer = _CONSUMERS.get(cache_key)
-    if consumer is None:  # Python workers are reused: keep one consumer per worker process
+    if consumer is None:
         keep_freed_memory()  # for the whole process: a worker process runs these tasks one after another
         consumer = _make_consumer(
             options,

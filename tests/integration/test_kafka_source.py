@@ -10,7 +10,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pipeline.config import Config
 from pipeline.kafka_local import create_topics
-from streaming.kafka_source import _CONSUMERS, SECRET_OPTION, KafkaEventReader, TopicPartitionRange, _cap_rows
+from streaming.kafka_source import (
+    _CONSUMERS,
+    SECRET_OPTION,
+    KafkaEventReader,
+    TopicPartitionRange,
+    _cap_rows,
+    consumer_key,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -285,7 +292,7 @@ def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(
 
     r = reader(kafka, "src.fast")
     got = RecordColumns.joined(list(_fetch_range(r.options, TopicPartitionRange("src.fast", 0, "send_result", 0, 800))))
-    consumer = _CONSUMERS[r.options[SECRET_OPTION]]
+    consumer = _CONSUMERS[consumer_key(r.options, "src.fast")]
     try:
         assert issubclass(consumer._fetcher.PartitionRecords, ColumnarPartitionRecords)
         assert list(zip(got.offsets, got.timestamps, got.keys, got.values)) == [
@@ -297,7 +304,7 @@ def test_fetch_uses_the_fast_record_unpacking_and_reads_what_kafka_python_reads(
                 "src.fast", 0, "send_result", start, end))))
             assert list(zip(part.offsets, part.values)) == [(rec.offset, rec.value) for rec in expected[start:end]]
     finally:
-        _CONSUMERS.pop(r.options[SECRET_OPTION]).close()
+        _CONSUMERS.pop(consumer_key(r.options, "src.fast")).close()
 
 
 def test_settle_point_look_ups_find_event_times_inside_batches_again_and_again(kafka) -> None:  # type: ignore[no-untyped-def]
@@ -325,3 +332,32 @@ def test_settle_point_look_ups_find_event_times_inside_batches_again_and_again(k
         assert r._event_times([("src.times/0", 2999, True)]) == {("src.times/0", 2999): t0 + 29_990}
     finally:
         r.stop()
+
+
+def test_a_worker_keeps_one_consumer_per_topic(kafka) -> None:  # type: ignore[no-untyped-def]
+    """Reader tasks of one worker process move between topics; each topic keeps its own consumer, so
+    a task never waits for the leaders of a topic its consumer was not assigned before."""
+    from streaming.kafka_records import RecordColumns
+    from streaming.kafka_source import _fetch_range
+
+    create_topics(kafka.bootstrap, ["src.one", "src.two"], 1)
+    produce(kafka, "src.one", {0: 40})
+    produce(kafka, "src.two", {0: 30})
+    r = reader(kafka, "src.one")
+
+    def offsets(topic: str, start: int, end: int) -> list[int]:
+        part = TopicPartitionRange(topic, 0, "send_result", start, end)
+        return RecordColumns.joined(list(_fetch_range(r.options, part))).offsets
+
+    try:
+        assert offsets("src.one", 0, 25) == list(range(25))
+        first = _CONSUMERS[consumer_key(r.options, "src.one")]
+        assert offsets("src.two", 5, 30) == list(range(5, 30))
+        assert offsets("src.one", 25, 40) == list(range(25, 40))
+        keys = {key for key in _CONSUMERS if key[0] == r.options[SECRET_OPTION]}
+        assert keys == {consumer_key(r.options, "src.one"), consumer_key(r.options, "src.two")}
+        assert _CONSUMERS[consumer_key(r.options, "src.one")] is first  # reused, not made again
+        assert {tp.topic for tp in first.assignment()} == {"src.one"}
+    finally:
+        for key in [k for k in _CONSUMERS if k[0] == r.options[SECRET_OPTION]]:
+            _CONSUMERS.pop(key).close()
