@@ -53,15 +53,12 @@ def archive_path(java: str, java_options: str) -> Path:
 
 
 def driver_options(java: str, java_options: str) -> str:
-    """``java_options`` plus the archive's flags when a built archive is there; else starts a build
-    in the background (once) and returns ``java_options`` as they are."""
-    if not enabled():
-        return java_options
-    path = archive_path(java, java_options)
-    if path.is_file():
-        return f"{java_options} -XX:SharedArchiveFile={path} {QUIET}"
-    start_build(path)
-    return java_options
+    """:func:`executor_options`, and when no archive is built yet, a build started in the
+    background (once)."""
+    options = executor_options(java, java_options)
+    if options == java_options and enabled():
+        start_build(archive_path(java, java_options))
+    return options
 
 
 def executor_options(java: str, java_options: str) -> str:
