@@ -10,9 +10,10 @@ and prints events/s (wall and from the first micro-batch), per query, against th
 ``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
 repeats the job on local[1] and local[2], and on a standalone cluster of one and two one-core
 workers, in ``--pairs`` alternated pairs (one run each swung the ratios by 0.4 between runs of the
-same code), and prints each pair's ratio and their median: over the processing, over the
-micro-batches after the first, and of the cores each run kept busy (the bound at equal CPU per
-event). The default backlog, ~2M events, gives three micro-batches; with two, the first one's
+same code; every other pair runs its two sides in the opposite order, so a drift in the
+machine's speed does not favour one side), and prints each pair's ratio and their median: over
+the processing, over the micro-batches after the first, and of the cores each run kept busy (the
+bound at equal CPU per event). The default backlog, ~2M events, gives three micro-batches; with two, the first one's
 cold start was a quarter of a local[2] run. Before them it measures the machine's
 own ratio on the job's kind of work without Spark (a slice of the backlog's send results decoded
 and written as Parquet in memory, by one process, then by two at once): the job's ratios cannot
@@ -37,6 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -47,6 +49,7 @@ from pipeline.config import Config
 from pipeline.kafka_local import free_port, start_local_kafka
 
 SCENARIO = REPO / "bench" / "stream_backlog.toml"
+T = TypeVar("T")
 BIN = Path(sys.executable).parent
 BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch (\d+): in=(\d+) .*\((\d+(?:\.\d+)?)s\)")
 TOTAL_LINE = re.compile(r"^\[([^\]]+)\] total: (\d+) batches, (\d+) rows in")
@@ -431,12 +434,20 @@ def machine_scaling(bootstrap: str, work: Path, pairs: int) -> None:
     n = sample_send_results(bootstrap, path)
     ratios = []
     for pair in range(pairs):
-        one = run_parallel(_decode_sample, [(str(path), SAMPLE_ROUNDS)])
-        two = run_parallel(_decode_sample, [(str(path), SAMPLE_ROUNDS)] * 2)
+        secs = {}
+        for procs in in_pair_order((1, 2), pair):
+            secs[procs] = run_parallel(_decode_sample, [(str(path), SAMPLE_ROUNDS)] * procs)
+        one, two = secs[1], secs[2]
         ratios.append(2 * one / two)
         print(f"machine (pair {pair + 1}): {n * SAMPLE_ROUNDS / one:,.0f} records/s decoded by one process, "
               f"{2 * n * SAMPLE_ROUNDS / two:,.0f} by two at once", flush=True)
     print_ratio("two processes / one, the job's decoding without Spark (the machine's bound)", ratios)
+
+
+def in_pair_order(sides: tuple[T, T], pair: int) -> tuple[T, T]:
+    """A pair's two sides, swapped every other pair: with a steady drift of the machine's speed
+    (seen over minutes here), a fixed order would favour the side that always runs second."""
+    return sides if pair % 2 == 0 else (sides[1], sides[0])
 
 
 def scaling(bootstrap: str, work: Path, events: int, pairs: int) -> None:
@@ -445,7 +456,8 @@ def scaling(bootstrap: str, work: Path, events: int, pairs: int) -> None:
     and their median printed."""
     local: dict[str, list[RunFigures]] = {"local[1]": [], "local[2]": []}
     for pair in range(pairs):
-        for master, runs in local.items():
+        for master in in_pair_order(("local[1]", "local[2]"), pair):
+            runs = local[master]
             print(f"run: faultwatch stream --once, spark.master {master} (pair {pair + 1})", flush=True)
             data = fresh(work, f"local{master[6]}")
             log = work / f"{data.name}.log"
@@ -460,7 +472,7 @@ def scaling(bootstrap: str, work: Path, events: int, pairs: int) -> None:
     try:
         cluster.add_worker()
         for pair in range(pairs):
-            for workers in (1, 2):
+            for workers in in_pair_order((1, 2), pair):
                 if workers == 2:
                     cluster.add_worker()
                 print(f"run: spark-submit on a standalone cluster, {workers} one-core worker(s) (pair {pair + 1})",
