@@ -10,14 +10,14 @@ and prints events/s (wall and from the first micro-batch), per query, against th
 ``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
 repeats the job on local[1] and local[2], and on a standalone cluster of one and two one-core
 workers, in ``--pairs`` alternated pairs (one run each swung the ratios by 0.4 between runs of the
-same code; every other pair runs its two sides in the opposite order, so a drift in the
-machine's speed does not favour one side), and prints each pair's ratio and their median: over
-the processing, over the micro-batches after the first, and of the cores each run kept busy (the
-bound at equal CPU per event). The default backlog, ~2M events, gives three micro-batches; with two, the first one's
-cold start was a quarter of a local[2] run. Before them it measures the machine's
-own ratio on the job's kind of work without Spark (a slice of the backlog's send results decoded
-and written as Parquet in memory, by one process, then by two at once): the job's ratios cannot
-exceed it. Nothing asserts timings: the load average is printed with the figures.
+same code; every other pair runs its two sides in the opposite order, so a drift in the machine's
+speed does not favour one side), and prints each pair's ratio and their median: over the
+processing, over the micro-batches after the first, and of the cores each run kept busy (the bound
+at equal CPU per event). The default backlog, ~2M events, gives three micro-batches; with two, the
+first one's cold start was a quarter of a local[2] run. Before them it measures the machine's own
+ratio on the job's kind of work without Spark (a slice of the backlog's send results decoded and
+written as Parquet in memory, by one process, then by two at once): the job's ratios cannot exceed
+it. Nothing asserts timings: the load average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -49,7 +50,6 @@ from pipeline.config import Config
 from pipeline.kafka_local import free_port, start_local_kafka
 
 SCENARIO = REPO / "bench" / "stream_backlog.toml"
-T = TypeVar("T")
 BIN = Path(sys.executable).parent
 BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch (\d+): in=(\d+) .*\((\d+(?:\.\d+)?)s\)")
 TOTAL_LINE = re.compile(r"^\[([^\]]+)\] total: (\d+) batches, (\d+) rows in")
