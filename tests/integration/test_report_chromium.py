@@ -17,6 +17,7 @@ import select
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,14 @@ def _high_fd(fd: int) -> int:
     return high
 
 
+def _navigated(event: dict[str, Any], loader_id: str) -> bool:
+    """Whether ``event`` is the main frame committing the document of ``loader_id``."""
+    if event.get("method") != "Page.frameNavigated":
+        return False
+    frame = event.get("params", {}).get("frame", {})
+    return not frame.get("parentId") and frame.get("loaderId") == loader_id
+
+
 class Chromium:
     """Just enough of the DevTools protocol: commands, events, one page session."""
 
@@ -63,6 +72,8 @@ class Chromium:
         os.close(from_browser_w)
         self.timeout_s = timeout_s
         self.events: list[dict[str, Any]] = []
+        self._checked = 0  # events wait_for has looked at
+        self.loader_id = ""  # the document loaded by the last open()
         self._buf = b""
         self._next_id = 0
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -84,8 +95,8 @@ class Chromium:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def _read(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self.timeout_s
+    def _read(self, deadline: float | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
         while b"\0" not in self._buf:
             ready, _, _ = select.select([self._from_browser], [], [], max(deadline - time.monotonic(), 0))
             if not ready:
@@ -98,14 +109,32 @@ class Chromium:
         return json.loads(raw)
 
     def open(self, url: str) -> None:
+        """Navigate and wait for this navigation's load event (not a late one of the page before)."""
         self.events.clear()
-        self.call("Page.navigate", {"url": url}, session=True)
-        deadline = time.monotonic() + self.timeout_s
-        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not finish loading")
-            self.call("Runtime.evaluate", {"expression": "0"}, session=True)
-            time.sleep(0.05)
+        self._checked = 0
+        result = self.call("Page.navigate", {"url": url}, session=True)
+        if result.get("errorText"):
+            raise RuntimeError(f"{url} did not load: {result['errorText']}")
+        self.loader_id = result.get("loaderId", "")
+        self.wait_for(lambda e: _navigated(e, self.loader_id), self.timeout_s, f"{url} committing")
+        self.wait_for(lambda e: e.get("method") == "Page.loadEventFired", self.timeout_s, f"{url} loading")
+
+    def wait_for(self, wanted: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
+        """The first event (since the last :meth:`open` or ``wait_for``) that ``wanted`` accepts;
+        a timeout lists the page's events, so a failure says how far the navigation got."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while self._checked < len(self.events):
+                event = self.events[self._checked]
+                self._checked += 1
+                if wanted(event):
+                    return event
+            try:
+                self.events.append(self._read(deadline))
+            except TimeoutError:
+                seen = [f"{e.get('method')} {json.dumps(e.get('params', {}))[:160]}" for e in self.events
+                        if str(e.get("method", "")).startswith("Page.")]
+                raise TimeoutError(f"{what}: not within {timeout_s:g} s; page events so far: {seen}") from None
 
     def evaluate(self, expression: str) -> Any:
         result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True)

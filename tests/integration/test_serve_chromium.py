@@ -86,14 +86,16 @@ def test_live_page_shows_brokers_groups_and_avoidance_on_one_screen(page_url: st
 def test_live_page_reloads_itself(page_url: str, browser: Chromium) -> None:
     browser.open(page_url)
     browser.evaluate("window.__marker = 'before'")
-    deadline = time.monotonic() + 15
-    reloaded: Any = "before"
-    while reloaded == "before":
-        assert time.monotonic() < deadline, "the page did not reload itself"
-        time.sleep(0.5)
-        try:
-            reloaded = browser.evaluate("String(window.__marker)")
-        except RuntimeError:  # the evaluation raced the navigation
-            continue
-    assert reloaded == "undefined"
+    opened = browser.loader_id
+
+    def reloaded(event: dict[str, Any]) -> bool:
+        frame = event.get("params", {}).get("frame", {})
+        return event.get("method") == "Page.frameNavigated" and frame.get("loaderId") not in (None, opened)
+
+    # every 2 s (page_refresh_s); a timeout lists the events, so a failure says how far it got
+    asked = browser.wait_for(lambda e: e.get("method") == "Page.frameRequestedNavigation", 15, "a reload asked for")
+    assert asked["params"]["reason"] == "metaTagRefresh" and asked["params"]["url"] == page_url
+    assert browser.wait_for(reloaded, 15, "the reloaded page committing")["params"]["frame"]["url"] == page_url
+    browser.wait_for(lambda e: e.get("method") == "Page.loadEventFired", 15, "the reloaded page loading")
+    assert browser.evaluate("String(window.__marker)") == "undefined"  # a new document, not the old one
     assert "Consumer groups" in browser.evaluate("document.body.innerText")
