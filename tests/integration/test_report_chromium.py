@@ -120,8 +120,9 @@ class Chromium:
         self.wait_for(lambda e: e.get("method") == "Page.loadEventFired", self.timeout_s, f"{url} loading")
 
     def wait_for(self, wanted: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
-        """The first event (since the last :meth:`open` or ``wait_for``) that ``wanted`` accepts;
-        a timeout lists the page's events, so a failure says how far the navigation got."""
+        """The first event that ``wanted`` accepts, among those not looked at yet (each call goes on
+        after the event the last one returned); a timeout lists the page's events, so a failure
+        says how far the navigation got."""
         deadline = time.monotonic() + timeout_s
         while True:
             while self._checked < len(self.events):
