@@ -8,6 +8,7 @@ import sys
 import time
 
 from faultwatch.commands.common import add_config_arg, config_from_args
+from pipeline.simulate.sinks import COMPRESSIONS
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
@@ -46,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
     p.add_argument("--epoch", default="auto",
                    help="virtual start time in Unix ms, 'now', or 'auto' (now when paced, else the scenario's)")
+    p.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
+                   help="codec of the record batches sent to Kafka (default zstd, as producers in production send)")
     p.add_argument("--list", action="store_true", help="list the known scenarios and exit")
     p.set_defaults(handler=run)
 
@@ -83,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
             where = out
         else:
             cfg = config_from_args(args)
-            sink = KafkaSink(cfg)
-            where = f"Kafka {cfg.kafka.bootstrap_servers} ({', '.join(cfg.topics.event_topics().values())})"
+            sink = KafkaSink(cfg, compression=args.compression)
+            where = (f"Kafka {cfg.kafka.bootstrap_servers} ({', '.join(cfg.topics.event_topics().values())}; "
+                     f"{args.compression})")
         print(f"simulating {scenario.name!r} (seed {sim.seed}, {scenario.duration_s:g} s virtual, "
               f"speed {'max' if args.speed == 0 else args.speed}) -> {where}", flush=True)
         try:

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 SEED = 20
 SIMULATED_S = 120.0  # broker-b is down from 30 s to 90 s of it: the job sees an outage and a recovery
-MAX_EVENTS_PER_BATCH = 5000  # ~14 micro-batches per query: room for kills between and inside them
+MAX_EVENTS_PER_BATCH = 2500  # ~27 micro-batches per query: room for kills between and inside them
 RUN_TIMEOUT_S = 420.0
 
 # Bronze tables have a key per record; their rows are compared sorted by it and it must be unique.

@@ -32,6 +32,19 @@ def test_kafka_sink_reports_an_unreachable_cluster() -> None:
         KafkaSink(cfg)
 
 
+def test_kafka_sink_names_an_unknown_compression_before_connecting() -> None:
+    cfg = Config().replace(kafka__bootstrap_servers=f"127.0.0.1:{free_port()}", kafka__connect_timeout_s=1.0)
+    with pytest.raises(SinkError, match="unknown compression 'lz4'; use one of zstd, gzip, none"):
+        KafkaSink(cfg, compression="lz4")
+
+
+def test_cli_refuses_an_unknown_compression(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--scenario", "steady", "--compression", "lz4"])
+    assert exit_info.value.code == 2
+    assert "--compression: invalid choice: 'lz4'" in capsys.readouterr().err
+
+
 def test_cli_simulates_into_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "events"
     rc = main(["simulate", "--scenario", "steady", "--to", "file", "--out", str(out), "--duration", "5s", "--seed", "3"])
