@@ -1,10 +1,12 @@
 """The streaming job users run, over a realistic backlog, against the raw consume ceiling.
 
     .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
+                                     [--compression zstd|gzip|none]
 
 Preloads a simulator backlog into a local broker (``--clusters`` instances of
 ``bench/stream_backlog.toml``, each under its own cluster name: brokers, producers, consumer
-groups, an outage and a lagging group), measures one kafka-python consumer reading it (the
+groups, an outage and a lagging group; record batches compressed as ``--compression`` says, zstd
+by default as ``faultwatch simulate`` writes them), measures one kafka-python consumer reading it (the
 ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process
 and prints events/s (wall and from the first micro-batch), per query, against the ceiling, the
 ``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
@@ -48,6 +50,7 @@ from bench.common import log_tail, run_measured, run_parallel
 from bench.ingest import consume_ceiling
 from pipeline.config import Config
 from pipeline.kafka_local import free_port, start_local_kafka
+from pipeline.simulate.sinks import COMPRESSIONS
 
 SCENARIO = REPO / "bench" / "stream_backlog.toml"
 BIN = Path(sys.executable).parent
@@ -83,7 +86,7 @@ def events_per_simulated_second() -> float:
     return stats.total / 10.0
 
 
-def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str) -> None:
+def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str, compression: str) -> None:
     """One cluster's simulation into Kafka (a spawned process); its event counts go to ``out``."""
     from pipeline.simulate import KafkaSink, Simulation
 
@@ -96,18 +99,19 @@ def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str) 
             super().write(kind, rows)
 
     cfg = Config().replace(kafka__bootstrap_servers=bootstrap)
-    stats = Simulation(instance_scenario(index, duration_s), seed=1 + index).run(ClusterSink(cfg), close=True)
+    stats = Simulation(instance_scenario(index, duration_s), seed=1 + index).run(ClusterSink(cfg, compression=compression), close=True)
     Path(out).write_text(json.dumps(stats.events))
     print(f"    cluster bench-{index}: {stats.total:,} events in {stats.wall_s:.1f}s", flush=True)
 
 
-def preload(bootstrap: str, events: int, clusters: int, work: Path) -> dict[str, int]:
+def preload(bootstrap: str, events: int, clusters: int, work: Path, compression: str = "zstd") -> dict[str, int]:
     """Simulate ``clusters`` clusters in parallel into Kafka; events per kind in all."""
     duration = max(5.0, events / clusters / events_per_simulated_second())
-    print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name})", flush=True)
+    print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name}), "
+          f"batches {compression}", flush=True)
     work.mkdir(parents=True, exist_ok=True)  # before sending: a retry after a late failure doubles the backlog
     outs = [work / f"preload-{i}.json" for i in range(clusters)]
-    secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i])) for i in range(clusters)])
+    secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i]), compression) for i in range(clusters)])
     counts: dict[str, int] = {}
     for out in outs:
         for kind, n in json.loads(out.read_text()).items():
@@ -554,6 +558,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small backlog (60k events) for a smoke run")
     ap.add_argument("--skip-scaling", action="store_true", help="only the main run, no local[1] or standalone runs")
     ap.add_argument("--pairs", type=int, default=3, help="alternated pairs per scaling ratio (odd: a true median)")
+    ap.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
+                    help="codec of the backlog's record batches (default zstd, as faultwatch simulate writes)")
     args = ap.parse_args()
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
@@ -561,7 +567,7 @@ def main() -> None:
     print(f"bench/stream: ~{events_wanted:,} events, {args.clusters} clusters, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
     with start_local_kafka(topics=cfg.topics.all(), partitions=args.partitions) as kafka:
-        counts = preload(kafka.bootstrap, events_wanted, args.clusters, work)
+        counts = preload(kafka.bootstrap, events_wanted, args.clusters, work, args.compression)
         events = sum(counts.values())
         secs = ceiling(kafka.bootstrap, counts)
         print(f"ceiling, raw kafka-python consume of every event topic in one process: "
