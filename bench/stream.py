@@ -3,23 +3,16 @@
     .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
                                      [--compression zstd|gzip|none]
 
-Preloads a simulator backlog into a local broker (``--clusters`` instances of
-``bench/stream_backlog.toml``, each under its own cluster name: brokers, producers, consumer
-groups, an outage and a lagging group; record batches compressed as ``--compression`` says, zstd
-by default as ``faultwatch simulate`` writes them), measures one kafka-python consumer reading it (the
-ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process
-and prints events/s (wall and from the first micro-batch), per query, against the ceiling, the
-``late`` quarantine rows, peak RSS and the stateful task count. Unless ``--skip-scaling`` it
-repeats the job on local[1] and local[2], and on a standalone cluster of one and two one-core
-workers, in ``--pairs`` alternated pairs (one run each swung the ratios by 0.4 between runs of the
-same code; every other pair runs its two sides in the opposite order, so a drift in the machine's
-speed does not favour one side), and prints each pair's ratio and their median: over the
-processing, over the micro-batches after the first, and of the cores each run kept busy (the bound
-at equal CPU per event). The default backlog, ~2M events, gives three micro-batches; with two, the
-first one's cold start was a quarter of a local[2] run. Before them it measures the machine's own
-ratio on the job's kind of work without Spark (a slice of the backlog's send results decoded and
-written as Parquet in memory, by one process, then by two at once): the job's ratios cannot exceed
-it. Nothing asserts timings: the load average is printed with the figures.
+Preloads a simulator backlog (``--clusters`` instances of ``bench/stream_backlog.toml``; batches
+zstd unless ``--compression`` says otherwise), measures one kafka-python consumer reading it (the
+ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process and
+prints events/s overall and per query, ``late`` rows, peak RSS and the stateful task count. Unless
+``--skip-scaling`` it first measures the machine's own two-process ratio on the job's decoding
+without Spark (the bound for the job's ratios), then runs local[1] against local[2] and one against
+two one-core standalone workers in ``--pairs`` pairs, swapping the order in every other pair so a
+drift in machine speed favours neither side, and prints each pair's ratio and the median. Nothing
+asserts timings; the load average is printed with the figures (docs/performance.md, section 24,
+says why pairs and why ~2M events).
 """
 
 from __future__ import annotations
