@@ -29,13 +29,13 @@ def _read_all(
             copy = MemoryRecords(records._buffer)  # the fetched bytes, read a second time
             batch = copy.next_batch()
             while batch is not None:
-                if codecs is not None:
-                    codecs.add(batch.compression_type)
+                codecs.add(batch.compression_type)  # type: ignore[union-attr]  # only installed with codecs
                 batch = copy.next_batch()
             return super()._unpack_records(tp, records, *args)
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-    consumer._fetcher.PartitionRecords = Peek
+    if codecs is not None:
+        consumer._fetcher.PartitionRecords = Peek
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(parts)
