@@ -1,7 +1,7 @@
 """Safe reads of the Delta tables under ``storage.root`` with deltalake (no Spark).
 
 ``DeltaTable.to_pyarrow_table()`` with its default filesystem makes the process abort at exit in a
-good share of runs (delta-rs#2184, ENVIRONMENT.md). Here the dataset is built with an explicit
+good share of runs (delta-rs issue 2184). Here the dataset is built with an explicit
 pyarrow filesystem rooted at the table, which keeps partition values and file pruning and avoids
 the crash. A table that does not exist yet reads as an empty table of its declared schema: the
 publisher's first cycle often runs before the streaming job has written anything.

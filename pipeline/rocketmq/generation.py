@@ -15,7 +15,8 @@ from dataclasses import dataclass
 GEN_49 = "4.9"
 GEN_5 = "5"
 
-# MQFaultStrategy defaults (ROCKETMQ.md §1).
+# MQFaultStrategy's defaults: latencyMax and notAvailableDuration of RocketMQ's Java client, 4.9.x
+# (also 5.0.0-5.1.3) and 5.2.0 on.
 _LATENCY_MAX_49 = (50, 100, 550, 1000, 2000, 3000, 15000)
 _NOT_AVAILABLE_49 = (0, 0, 30000, 60000, 120000, 180000, 600000)
 _LATENCY_MAX_5 = (50, 100, 550, 1800, 3000, 5000, 15000)

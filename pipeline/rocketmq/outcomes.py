@@ -1,4 +1,4 @@
-"""From a send result to the arguments of ``updateFaultItem`` (ROCKETMQ.md §1).
+"""From a send result to the arguments of ``updateFaultItem`` (RocketMQ's ``MQFaultStrategy``).
 
 ``DefaultMQProducerImpl.sendDefaultImpl`` calls ``updateFaultItem`` from a different ``catch`` per
 exception class, each with its own (isolation, reachable). Events only carry the class name (or a

@@ -74,7 +74,8 @@ def write_config(path: str, cfg: Any) -> str:
 def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
     """Every record of ``topic`` in offset order per partition, up to each partition's high watermark.
 
-    The watermark comes from fetch responses (Tansu's offset lookups are wrong, ENVIRONMENT.md).
+    The watermark comes from fetch responses: Tansu, the local broker, answers latest-offset lookups
+    wrongly when a partition's last batch holds more than one record.
     """
     import json
 

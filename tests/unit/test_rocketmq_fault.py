@@ -1,4 +1,4 @@
-"""Latency fault tolerance rules, one table per rule (ROCKETMQ.md §1)."""
+"""Latency fault tolerance rules (RocketMQ's ``MQFaultStrategy``), one table per rule."""
 
 from __future__ import annotations
 

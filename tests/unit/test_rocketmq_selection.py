@@ -1,4 +1,4 @@
-"""Producer queue selection and the retry loop (ROCKETMQ.md §2)."""
+"""Producer queue selection and the retry loop, as RocketMQ's Java client does them."""
 
 from __future__ import annotations
 
