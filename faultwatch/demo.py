@@ -2,8 +2,10 @@
 
 A local Kafka-protocol broker (Tansu), the simulator feeding it a scenario with a broker outage and
 a lagging consumer group, the streaming job, the avoidance publisher, a live view, and the HTML
-report at the end. Everything the demo writes lives under ``data/demo/`` and is replaced by the
-next demo (the broker keeps nothing between runs, so old checkpoints would not match it).
+report at the end. The demo ends when its story is told (the outage's episode closed and its alert
+resolved, :mod:`faultwatch.demo_story`), not on the wall clock, so a slow first run tells it too.
+Everything the demo writes lives under ``data/demo/`` and is replaced by the next demo (the broker
+keeps nothing between runs, so old checkpoints would not match it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from faultwatch.demo_story import AlertLog, settle_needed_ms, story_told
 from pipeline.config import Config
 
 DEMO_ROOT = Path("data/demo")
@@ -35,6 +38,10 @@ class DemoResult:
 # demo runs one every 10 s. (Episodes show as "suspected" about one trigger after the outage
 # starts, well before the 30 s watermark decides them, and the publisher acts on them.)
 DEMO_PUBLISH_INTERVAL_S = 10.0
+
+# How much longer than its duration the demo may run while it waits for its story to be told (the
+# simulator keeps the clusters' steady traffic going meanwhile, so event time moves on).
+DEMO_STORY_BOUND_S = 120.0
 
 
 def demo_config(cfg: Config, root: Path, bootstrap: str) -> Config:
@@ -70,9 +77,10 @@ class Publisher(threading.Thread):
     which the gate rightly rejects (and alerts on), but at the demo's start it is only noise.
     """
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, alert_log: AlertLog) -> None:
         super().__init__(name="faultwatch-publisher", daemon=True)
         self.cfg = cfg
+        self.alert_log = alert_log  # read after each cycle, in this thread only
         self.stop = threading.Event()
         self.cycles: list[str] = []
 
@@ -85,6 +93,7 @@ class Publisher(threading.Thread):
                     continue
                 report = run_cycle(self.cfg)
                 self.cycles.append(report.status)
+                self.alert_log.read()
             except Exception as exc:  # noqa: BLE001 - a failed cycle must not end the demo; the next one retries
                 self.cycles.append(f"error: {type(exc).__name__}: {exc}")
 
@@ -152,15 +161,19 @@ def run_demo(
     ):
         cfg = demo_config(cfg, root, kafka.bootstrap)
         spark = spark_session(cfg)  # before the simulator starts, so the outage is seen live
-        sim = Simulation(scenario, epoch_ms=int(time.time() * 1000))
+        epoch_ms = int(time.time() * 1000)
+        sim = Simulation(scenario, epoch_ms=epoch_ms)
+        needed_ms = settle_needed_ms(scenario, epoch_ms, duration, cfg)
         stop_sim = threading.Event()
         sim_thread = threading.Thread(
             target=sim.run,
-            kwargs={"sink": KafkaSink(cfg), "speed": cfg.demo.speed, "duration_s": duration, "stop_event": stop_sim, "close": True},
+            kwargs={"sink": KafkaSink(cfg), "speed": cfg.demo.speed, "duration_s": duration + DEMO_STORY_BOUND_S,
+                    "stop_event": stop_sim, "close": True},
             name="faultwatch-simulator",
             daemon=True,
         )
-        publisher = Publisher(cfg)
+        alert_log = AlertLog(cfg)
+        publisher = Publisher(cfg, alert_log)
         started = time.monotonic()
         sim_thread.start()
         publisher.start()
@@ -169,11 +182,12 @@ def run_demo(
             console.print(f"demo: live page {url} · Prometheus metrics {url}metrics · API {url}v3/rocketmq",
                           soft_wrap=True, highlight=False)
         last_refresh = [0.0]
+        latest: list[Any] = [None]  # the newest snapshot, for the story's end
 
         def header() -> str:
             elapsed = time.monotonic() - started
-            if elapsed > duration:  # run_stream goes on a little so the last events get in
-                state = "simulation over, the stream is catching up"
+            if elapsed > duration:
+                state = "waiting for the episode to close and its alert to resolve"
             else:
                 faults = ", ".join(f"{b}: {', '.join(fs)}" for b, fs in sim.active_faults().items()) or "none"
                 state = f"simulated faults now: {faults}"
@@ -192,7 +206,7 @@ def run_demo(
             if time.monotonic() - last_refresh[0] < cfg.demo.refresh_s:
                 return
             last_refresh[0] = time.monotonic()
-            snap = take_snapshot(cfg.storage.root)
+            snap = latest[0] = take_snapshot(cfg.storage.root)
             if live is not None:
                 live.update(render(snap, header()))
             else:
@@ -201,10 +215,16 @@ def run_demo(
                     f"lagging groups {len(snap.lagging_groups)}"
                 )
 
+        def told(settled: int | None) -> bool:
+            if time.monotonic() - started < duration or latest[0] is None:
+                return False
+            return story_told(settled, needed_ms, len(latest[0].open_episodes), alert_log.stories("broker_fault"))
+
         if live is not None:
             live.start()
         try:
-            code = run_stream(cfg, duration_s=duration + 10, spark=spark, out=stream_log, on_tick=tick)
+            code = run_stream(cfg, duration_s=duration + DEMO_STORY_BOUND_S, spark=spark, out=stream_log,
+                              on_tick=tick, until=told)
         finally:
             if live is not None:
                 live.stop()
@@ -219,15 +239,18 @@ def run_demo(
 
             if publisher.inputs_ready():
                 run_cycle(cfg)
+                alert_log.read()
             else:
                 console.print("demo: the stream wrote no fault rows, so no publisher cycle ran")
         except Exception as exc:  # noqa: BLE001 - reported, not fatal for the demo
             console.print(f"demo: final publisher cycle failed: {exc}")
+        finally:
+            alert_log.close()
     if code != 0:
         console.print(_tail(stream_log_path), markup=False, highlight=False)
     snap = take_snapshot(cfg.storage.root)
     report = write_report(cfg.storage.root, out=root / "faultwatch-report.html")
-    summary = summary_lines(snap)
+    summary = summary_lines(snap, alert_log.stories())
     # Plain print: a summary that is piped or logged must not be re-wrapped by rich.
     print("\n".join(["", "demo summary:", *summary, f"report: {Path(report).resolve()}"]), file=out, flush=True)
     if server is not None:

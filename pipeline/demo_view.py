@@ -7,6 +7,7 @@ with some batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -130,14 +131,15 @@ def episode_span(episode: dict[str, Any]) -> str:
     No "lasted" for an open episode: its end is not known yet, and its last change says nothing of it.
     """
     if episode["closed_ms"] is not None:
-        return f"lasted {(episode['closed_ms'] - episode['opened_ms']) / 1000:.0f}s"
+        return f"closed, lasted {(episode['closed_ms'] - episode['opened_ms']) / 1000:.0f} s"
     since = datetime.fromtimestamp(episode["opened_ms"] / 1000, tz=timezone.utc).strftime("%H:%M:%S UTC")
     if episode["state"] == "suspected":
         return f"suspected since {since}, not confirmed yet"
     return f"still open, since {since}"
 
 
-def summary_lines(snap: DemoSnapshot) -> list[str]:
+def summary_lines(snap: DemoSnapshot, alerts: Sequence[Any] = ()) -> list[str]:
+    """The demo's closing words; ``alerts`` are what the alerts topic told (each with a ``line()``)."""
     lines = [
         f"bronze: {snap.bronze_rows} send results, {snap.quarantined} quarantined",
         f"fault episodes: {len(snap.episodes)} ({len(snap.open_episodes)} still open)",
@@ -152,4 +154,6 @@ def summary_lines(snap: DemoSnapshot) -> list[str]:
         lines.append(f"  {g['cluster']}/{g['consumer_group']}: {g['status']}, lag {g['total_lag']} messages")
     avoid = [r for r in snap.recommendations if r.get("action") == "avoid"]
     lines.append(f"avoidance recommendations published: {len(avoid)}")
+    lines.append(f"alerts on the alerts topic: {len(alerts)}")
+    lines.extend(a.line() for a in alerts)
     return lines

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -237,8 +237,14 @@ def run_stream(
     spark: SparkSession | None = None,
     out: TextIO = sys.stdout,
     on_tick: Callable[[], None] | None = None,
+    until: Callable[[int | None], bool] | None = None,
 ) -> int:
-    """Run the streaming job; returns a process exit code (0 ok, 1 a query failed)."""
+    """Run the streaming job; returns a process exit code (0 ok, 1 a query failed).
+
+    ``until(settled_ms)`` ends the run early once it returns True; it is given the event time the
+    job has settled so far (:func:`settled_ms`), so a caller can end when the story it waits for is
+    told in event time, not on the wall clock (the demo does).
+    """
     from streaming.delta_sink import checkpoint_dir
     from streaming.session import spark_session
 
@@ -264,7 +270,7 @@ def run_stream(
         deadline = None if duration_s is None else time.monotonic() + duration_s
         retries = {name: 0 for name in queries}
         while True:
-            failed = _watch(queries, progress, stop, deadline, out, on_tick)
+            failed = _watch(queries, progress, stop, deadline, out, on_tick, until)
             again = to_restart(failed, retries)
             if not again:
                 break
@@ -303,6 +309,7 @@ def _watch(
     deadline: float | None,
     out: TextIO,
     on_tick: Callable[[], None] | None,
+    until: Callable[[int | None], bool] | None = None,
 ) -> dict[str, str]:
     failed: dict[str, str] = {}
     while not stop["requested"]:
@@ -318,8 +325,31 @@ def _watch(
             break
         if on_tick is not None:
             on_tick()
+        if until is not None and until(settled_ms(queries.values())):
+            break
         _wait_for_end(active[0], 0.5)
     return failed
+
+
+def settled_ms(queries: Iterable[StreamingQuery]) -> int | None:
+    """The event time every query has settled (its last batch's settle point), None before a batch.
+
+    Read from the source's end offsets in the last progress, where the settle point travels
+    (:func:`streaming.kafka_source.settle_point`).
+    """
+    from streaming.kafka_source import SETTLE
+
+    points = []
+    for q in queries:
+        last: dict[str, Any] = dict(q.lastProgress or {})
+        sources = last.get("sources") or [{}]
+        end = sources[0].get("endOffset")
+        try:
+            offsets = json.loads(end) if isinstance(end, str) else end
+            points.append(int(offsets[SETTLE]))
+        except (TypeError, ValueError, KeyError):
+            return None
+    return min(points) if points else None
 
 
 def _wait_for_end(query: StreamingQuery, seconds: float) -> None:

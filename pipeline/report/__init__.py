@@ -59,13 +59,20 @@ def write_report(
 
 def _episodes_table(episodes: pd.DataFrame) -> str:
     rows = [
-        (r.cluster, r.broker_name, r.state, pg.fmt_ms(r.opened_ms), pg.fmt_ms(r.closed_ms), r.reason,
+        (r.cluster, r.broker_name, _span(r._asdict()), pg.fmt_ms(r.opened_ms), pg.fmt_ms(r.closed_ms), r.reason,
          f"{r.peak_avoiding_share:.0%}", r.peak_avoiding_producers, r.failures, r.dominant_error or "")
         for r in episodes.sort_values("opened_ms").itertuples()
     ]
     headers = ("cluster", "broker", "state", "opened", "closed", "reason", "peak share avoiding",
                "peak producers avoiding", "failures", "dominant error")
     return '<section id="episodes"><h2>Broker fault episodes</h2>' + pg.table_html(headers, rows, "no episodes") + "</section>"
+
+
+def _span(row: dict) -> str:
+    """``closed, lasted 40 s``, or since when an episode not closed is open (NaN is pandas' None)."""
+    from pipeline.demo_view import episode_span
+
+    return episode_span({**row, "closed_ms": None if pd.isna(row["closed_ms"]) else row["closed_ms"]})
 
 
 def _recommendations_table(recs: pd.DataFrame) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from faultwatch.demo_story import AlertStory
 from pipeline.demo_view import DemoSnapshot, episode_span, summary_lines
 
 
@@ -24,7 +25,7 @@ def episode(state: str, opened_ms: int, updated_ms: int, closed_ms: int | None) 
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
-        (episode("closed", 20_000, 61_000, 61_000), "lasted 41s"),
+        (episode("closed", 20_000, 61_000, 61_000), "closed, lasted 41 s"),
         (episode("open", 3_620_000, 3_650_000, None), "still open, since 01:00:20 UTC"),
         (episode("suspected", 20_000, 20_000, None), "suspected since 00:00:20 UTC, not confirmed yet"),
     ],
@@ -56,4 +57,17 @@ def test_an_open_episode_is_not_said_to_have_lasted() -> None:
     lines = summary_lines(snap)
     assert "fault episodes: 2 (1 still open)" in lines
     assert lines[2].endswith(", still open, since 00:00:20 UTC") and "lasted" not in lines[2]
-    assert lines[3].endswith(", lasted 9s")
+    assert lines[3].endswith(", closed, lasted 9 s")
+
+
+def test_the_summary_tells_each_alert_from_firing_to_resolution() -> None:
+    alerts = [
+        AlertStory("broker_fault|c1|broker-b", "broker_fault", "broker broker-b ...", 25_000, 101_000),
+        AlertStory("consumer_lag|c1|CG_analytics", "consumer_lag", "group CG_analytics ...", 70_000),
+    ]
+    lines = summary_lines(DemoSnapshot(), alerts)
+    start = lines.index("alerts on the alerts topic: 2")
+    assert lines[start + 1:] == [
+        "  broker_fault c1|broker-b: fired 00:00:25 UTC, resolved 00:01:41 UTC",
+        "  consumer_lag c1|CG_analytics: fired 00:01:10 UTC, still firing",
+    ]

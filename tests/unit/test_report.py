@@ -152,6 +152,7 @@ def test_report_draws_every_plot_from_the_data(tmp_path: Path, outage: tuple[Sim
     }
     assert "no data yet" not in html
     assert "RemotingConnectException" in html and "open_episode" in html  # episode and recommendation tables
+    assert "<td>closed, lasted 64 s</td>" in html  # opened at +30.5 s, closed at +95 s
     # Self-contained: nothing is fetched (xmlns URIs are names, not requests).
     assert not re.search(r'(?:src|href)\s*=\s*"(?!#|data:)', html)
     assert "url(http" not in html and "@import" not in html and "<script" not in html
