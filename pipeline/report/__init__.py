@@ -30,7 +30,8 @@ def build_html(data: ReportData, generated_ms: int, title: str = "faultwatch rep
     sections = [
         pg.plot_section(plots.availability(windows, episodes, now_ms, span, data.frame("broker_health"))),
         _episodes_table(episodes),
-        pg.plot_section(plots.broker_health(data.frame("broker_health"), data.health_source, span)),
+        pg.plot_section(plots.broker_health(data.frame("broker_health"), data.health_source, span,
+                                            data.health_bucket_ms)),
         pg.plot_section(plots.group_lag(data.frame("group_status"), span)),
         pg.plot_section(plots.queue_ownership(data.frame("queue_lag"), span)),
         _recommendations_table(data.frame("avoidance_recommendations")),

@@ -3,8 +3,9 @@
 Reads go through :func:`pipeline.deltaio.read_table` (deltalake with an explicit pyarrow filesystem,
 the safe path around delta-rs#2184). A missing table reads as empty, so the report can be written
 at any moment of a run ("no data yet" where nothing arrived). Appended histories are reduced to
-their current view (highest ``revision`` per id). When ``broker_health`` is empty but bronze
-``send_results`` exists, per-broker minute statistics are computed from bronze instead.
+their current view (highest ``revision`` per id). When ``broker_health`` (per event-time minute)
+holds too few minutes to draw a line, as after a short run, and bronze ``send_results`` exists,
+per-broker statistics are computed from bronze instead, at a resolution that suits the run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ _TIME_COLUMN = {
     "queue_lag": "ts_ms",
     "avoidance_recommendations": "decided_ms",
 }
+# broker_health with fewer minutes per broker than this is drawn from bronze at a finer resolution,
+# one of these bucket sizes (ms): the largest that still gives about that many points.
+HEALTH_MIN_POINTS = 6
+HEALTH_BUCKETS_MS = (60_000, 30_000, 15_000, 10_000, 5_000)
 _CURRENT_VIEW_KEY = {"producer_fault_windows_live": "window_id", "broker_fault_episodes_live": "episode_id"}
 
 
@@ -48,6 +53,7 @@ class ReportData:
     frames: dict[str, pd.DataFrame]
     present: dict[str, bool]
     health_source: str = "broker_health"
+    health_bucket_ms: int = 60_000  # the resolution of the broker_health frame
     notes: list[str] = field(default_factory=list)
 
     def frame(self, name: str) -> pd.DataFrame:
@@ -56,7 +62,7 @@ class ReportData:
     def time_range(self) -> tuple[int, int] | None:
         """The span of event time observed (ms), if any; avoid-until times in the future do not count."""
         lo, hi = [], []
-        for name, col, extra in (("broker_health", "minute_ms", 60_000), ("group_status", "ts_ms", 0),
+        for name, col, extra in (("broker_health", "minute_ms", self.health_bucket_ms), ("group_status", "ts_ms", 0),
                                  ("queue_lag", "ts_ms", 0), ("producer_fault_windows_live", "start_ms", 0),
                                  ("broker_fault_episodes_live", "opened_ms", 0)):
             df = self.frames[name]
@@ -77,13 +83,41 @@ def load_report_data(root: str, since_ms: int | None = None) -> ReportData:
         present[name] = table_exists(root, name)
         frames[name] = _read(root, name, columns, since_ms)
     data = ReportData(frames, present)
-    if frames["broker_health"].empty and table_exists(root, "send_results"):
-        health = health_from_bronze(root, since_ms)
-        if len(health):
-            data.frames["broker_health"] = health
-            data.health_source = "send_results"
-            data.notes.append("broker_health is empty: failure rates and latencies are computed from bronze send_results")
+    minutes = _points_per_broker(frames["broker_health"])
+    if minutes < HEALTH_MIN_POINTS and table_exists(root, "send_results"):
+        _health_from_bronze_instead(data, root, since_ms, minutes)
     return data
+
+
+def _points_per_broker(health: pd.DataFrame) -> int:
+    return int(health.groupby(["cluster", "broker_name"]).minute_ms.nunique().max()) if len(health) else 0
+
+
+def health_bucket_ms(span_ms: int) -> int:
+    """The coarsest of :data:`HEALTH_BUCKETS_MS` that cuts ``span_ms`` into HEALTH_MIN_POINTS or more."""
+    for bucket in HEALTH_BUCKETS_MS:
+        if span_ms >= bucket * HEALTH_MIN_POINTS:
+            return bucket
+    return HEALTH_BUCKETS_MS[-1]
+
+
+def _health_from_bronze_instead(data: ReportData, root: str, since_ms: int | None, minutes: int) -> None:
+    flt = pc.field("ts_ms") >= since_ms if since_ms is not None else None
+    times = read_table(root, "send_results", columns=["ts_ms"], filter=flt).column("ts_ms")
+    if len(times) == 0:
+        return
+    bucket = health_bucket_ms(int(pc.max(times).as_py()) - int(pc.min(times).as_py()))
+    health = health_from_bronze(root, since_ms, bucket)
+    if health.empty or (bucket == 60_000 and minutes):
+        return  # nothing finer to show than what broker_health holds
+    data.frames["broker_health"] = health
+    data.health_source = "send_results"
+    data.health_bucket_ms = bucket
+    held = "is empty" if not minutes else f"holds {minutes} minute{'s' if minutes > 1 else ''} per broker so far"
+    data.notes.append(
+        f"broker_health (per event-time minute) {held}, too few to draw: failure rates and latencies are "
+        f"computed from bronze send_results per {bucket // 1000} s"
+    )
 
 
 def _read(root: str, name: str, columns: list[str], since_ms: int | None) -> pd.DataFrame:
@@ -98,13 +132,15 @@ def _read(root: str, name: str, columns: list[str], since_ms: int | None) -> pd.
     return table.to_pandas()
 
 
-def health_from_bronze(root: str, since_ms: int | None = None) -> pd.DataFrame:
-    """Per broker and minute: sends, failures, failure rate and latency percentiles (t-digest)."""
+def health_from_bronze(root: str, since_ms: int | None = None, bucket_ms: int = 60_000) -> pd.DataFrame:
+    """Per broker and ``bucket_ms`` (a minute by default): sends, failures, failure rate and latency
+    percentiles (t-digest). The bucket's start is in ``minute_ms``, broker_health's time column."""
     flt = pc.field("ts_ms") >= since_ms if since_ms is not None else None
     t = read_table(root, "send_results", columns=["cluster", "broker_name", "ts_ms", "status", "latency_ms"], filter=flt)
     if t.num_rows == 0:
         return pd.DataFrame(columns=_COLUMNS["broker_health"])
-    minute = pc.multiply(pc.divide(t.column("ts_ms"), pa.scalar(60_000, pa.int64())), pa.scalar(60_000, pa.int64()))
+    step = pa.scalar(bucket_ms, pa.int64())
+    minute = pc.multiply(pc.divide(t.column("ts_ms"), step), step)
     failed = pc.cast(pc.equal(t.column("status"), "FAILED"), pa.int64())
     t = t.append_column("minute_ms", minute).append_column("failed", failed)
     agg = t.group_by(["cluster", "broker_name", "minute_ms"]).aggregate(

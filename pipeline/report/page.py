@@ -37,7 +37,7 @@ def fmt_ms(ms: float | None) -> str:
 def plot_section(plot: Plot) -> str:
     head = f'<section id="{plot.key}"><h2>{html.escape(plot.title)}</h2>'
     if plot.svg is None:
-        return head + f'<div class="empty" data-plot="{plot.key}">no data yet</div></section>'
+        return head + f'<div class="empty" data-plot="{plot.key}">{html.escape(plot.caption or "no data yet")}</div></section>'
     return (
         head + f'<figure class="plot" data-plot="{plot.key}" data-items="{plot.items}">{plot.svg}'
         f"<figcaption>{html.escape(plot.caption)}</figcaption></figure></section>"

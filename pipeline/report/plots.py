@@ -1,8 +1,10 @@
 """The report's figures, drawn with matplotlib's object API (no pyplot state) into inline SVG.
 
 Each function takes frames from :mod:`pipeline.report.data` and returns a :class:`Plot`; an empty
-input gives a Plot without SVG, which the page shows as "no data yet". Large inputs are drawn
-rasterized (an embedded PNG inside the SVG) so the file stays small whatever the run length.
+input gives a Plot without SVG whose caption says why it is empty, which the page shows instead.
+A short series is drawn with a marker on each point, so one point shows however short the run.
+Large inputs are drawn rasterized (an embedded PNG inside the SVG) so the file stays small whatever
+the run length.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ STATUS_COLORS = {
     "OK": "#2ca02c", "WARN": "#ff7f0e", "STALL": "#9467bd", "STOP": "#d62728", "REWIND": "#1f77b4", "UNKNOWN": "#7f7f7f",
 }
 _RASTERIZE_OVER = 3000
+_MARKERS_UP_TO = 30  # points in a line; a longer line is readable without a marker on each
+
+EMPTY = {
+    "availability": "no data yet: no producer has avoided a broker and no fault episode was found",
+    "broker_health": "no data yet: no send results have been read",
+    "group_lag": "no data yet: group_status gets a row once a group's queues have been judged, "
+                 "lag.evaluation_interval_s after its first events settle",
+    "queue_ownership": "no data yet: no consumer progress has been judged",
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +82,7 @@ def availability(
     """
     key, title = "availability", "Broker availability: fault episodes and producer avoidance windows"
     if windows.empty and episodes.empty:
-        return Plot(key, title, None, "", 0)
+        return Plot(key, title, None, EMPTY[key], 0)
     known = [windows[["cluster", "broker_name"]], episodes[["cluster", "broker_name"]]]
     if brokers is not None:
         known.append(brokers[["cluster", "broker_name"]])
@@ -122,11 +133,17 @@ def _width_days(start_ms: float, end_ms: float) -> float:
     return max(float(end_ms) - float(start_ms), 1.0) / 86_400_000.0
 
 
-def broker_health(health: pd.DataFrame, source: str, span: tuple[int, int] | None = None) -> Plot:
-    """Failure rate and latency percentiles per broker and minute."""
+def _marker(points: int) -> str | None:
+    return "o" if points <= _MARKERS_UP_TO else None
+
+
+def broker_health(
+    health: pd.DataFrame, source: str, span: tuple[int, int] | None = None, bucket_ms: int = 60_000
+) -> Plot:
+    """Failure rate and latency percentiles per broker and ``bucket_ms`` (``minute_ms`` starts each)."""
     key, title = "broker_health", "Failure rate and latency percentiles per broker"
     if health.empty:
-        return Plot(key, title, None, "", 0)
+        return Plot(key, title, None, EMPTY[key], 0)
     fig = Figure(figsize=(11, 6.5))
     ax_fail, ax_lat = fig.subplots(2, 1, sharex=True)
     nclusters = health.cluster.nunique()
@@ -135,10 +152,12 @@ def broker_health(health: pd.DataFrame, source: str, span: tuple[int, int] | Non
         df = df.sort_values("minute_ms")
         color = f"C{n % 10}"
         label = _lane_label(cluster, broker, nclusters)
-        t = _to_dt(df.minute_ms + 30_000)  # the middle of each minute
-        ax_fail.plot(t, df.failure_rate * 100.0, marker=".", color=color, label=label)
-        ax_lat.plot(t, df.latency_p50_ms, color=color, linestyle=":", linewidth=1)
-        ax_lat.plot(t, df.latency_p99_ms, color=color, linewidth=1.5)
+        t = _to_dt(df.minute_ms + bucket_ms // 2)  # the middle of each bucket
+        marker = _marker(len(df))
+        ax_fail.plot(t, df.failure_rate * 100.0, marker=marker or ".", markersize=4, color=color, label=label)
+        ax_lat.plot(t, df.latency_p50_ms, color=color, linestyle=":", linewidth=1, marker=marker, markersize=3,
+                    fillstyle="none")
+        ax_lat.plot(t, df.latency_p99_ms, color=color, linewidth=1.5, marker=marker, markersize=4)
         items += len(df)
     ax_fail.set_ylabel("failed sends (%)")
     ax_fail.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
@@ -146,7 +165,7 @@ def broker_health(health: pd.DataFrame, source: str, span: tuple[int, int] | Non
     ax_lat.set_ylabel("latency (ms): p99 solid, p50 dotted")
     ax_lat.set_xlabel("time (UTC)")
     ax_lat.xaxis_date()
-    caption = f"per minute, from {source}"
+    caption = f"per {'minute' if bucket_ms == 60_000 else f'{bucket_ms // 1000} s'}, from {source}"
     return Plot(key, title, _svg(fig, key, span), caption, items)
 
 
@@ -154,7 +173,7 @@ def group_lag(status: pd.DataFrame, span: tuple[int, int] | None = None) -> Plot
     """Total lag of each group over time, each point coloured by the group's status."""
     key, title = "group_lag", "Consumer lag per group, coloured by status"
     if status.empty:
-        return Plot(key, title, None, "", 0)
+        return Plot(key, title, None, EMPTY[key], 0)
     groups = sorted({(r.cluster, r.consumer_group) for r in status[["cluster", "consumer_group"]].itertuples()})
     fig = Figure(figsize=(11, 0.5 + 2.2 * len(groups)))
     axes = np.atleast_1d(fig.subplots(len(groups), 1, sharex=True, squeeze=False)[:, 0])
@@ -186,7 +205,7 @@ def queue_ownership(lag: pd.DataFrame, span: tuple[int, int] | None = None, max_
     """Which consumer owned each queue over time, one panel per group (white: unowned)."""
     key, title = "queue_ownership", "Queue ownership per group"
     if lag.empty:
-        return Plot(key, title, None, "", 0)
+        return Plot(key, title, None, EMPTY[key], 0)
     groups = sorted({(r.cluster, r.consumer_group) for r in lag[["cluster", "consumer_group"]].itertuples()})
     panels = []
     for cluster, group in groups:

@@ -186,6 +186,25 @@ JSON.stringify(Array.from(document.querySelectorAll('figure.plot')).map(fig => {
 """
 
 
+# Per panel (matplotlib axes) of each figure: its plotting area, which is the axes' first path.
+_PANELS = """
+JSON.stringify(Array.from(document.querySelectorAll('figure.plot')).flatMap(fig =>
+  Array.from(fig.querySelectorAll('svg g[id^="axes_"]')).map((axes, i) => {
+    const r = axes.querySelector('path').getBoundingClientRect();
+    return {key: fig.dataset.plot, panel: i, x: r.left + window.scrollX, y: r.top + window.scrollY,
+            width: r.width, height: r.height};
+  })))
+"""
+
+
+def panel_ink(browser: Chromium, panel: dict[str, Any], inset: int = 3) -> int:
+    """Pixels inside a panel's plotting area, less its frame, that are not (near) white."""
+    clip = {"x": panel["x"] + inset, "y": panel["y"] + inset,
+            "width": panel["width"] - 2 * inset, "height": panel["height"] - 2 * inset}
+    pixels = browser.screenshot(clip)[..., :3]
+    return int((pixels.min(axis=2) < 0.9).sum())
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Any:
     chrome = Chromium(tmp_path_factory.mktemp("chromium-profile"))
@@ -216,4 +235,22 @@ def test_empty_report_opens_without_console_errors(tmp_path: Path, browser: Chro
     empty = browser.evaluate("Array.from(document.querySelectorAll('.empty[data-plot]')).map(e => e.dataset.plot)")
     assert sorted(empty) == sorted(PLOTS)
     assert browser.evaluate("document.querySelectorAll('figure.plot').length") == 0
+    assert browser.errors() == []
+
+
+def test_a_short_run_draws_data_in_every_panel(tmp_path: Path, browser: Chromium) -> None:
+    # 50 s: broker_health holds one minute per broker, the lag tables a few rows per group.
+    sim, sink = run_to_memory("broker-outage", duration_s=50.0)
+    rows = write_silver(tmp_path / "tables", sim, sink)
+    assert len({r["minute_ms"] for r in rows["broker_health"]}) == 1
+    report = write_report(str(tmp_path / "tables"), tmp_path / "report.html", generated_ms=sim.end_ms)
+    browser.open(report.as_uri())
+    # No scrollbar: a screenshot beyond the viewport drops it, and the centred page would move
+    # by half its width between measuring and capturing.
+    browser.evaluate("document.documentElement.style.overflow = 'hidden'")
+    panels = json.loads(browser.evaluate(_PANELS))
+    assert sorted({p["key"] for p in panels}) == sorted(PLOTS)
+    assert sum(p["key"] == "broker_health" for p in panels) == 2  # failure rate, latency
+    empty = [(p["key"], p["panel"]) for p in panels if panel_ink(browser, p) < 10]
+    assert empty == []
     assert browser.errors() == []

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from pipeline.report import build_html, load_report_data, write_report
-from pipeline.report.data import health_from_bronze
+from pipeline.report import build_html, load_report_data, page, plots, write_report
+from pipeline.report.data import HEALTH_MIN_POINTS, health_bucket_ms, health_from_bronze
 from pipeline.simulate import MemorySink, Simulation, run_to_memory
 from schemas.tables import table
 
@@ -111,7 +111,7 @@ def test_report_without_tables_says_no_data_yet(tmp_path: Path) -> None:
     path = write_report(str(tmp_path / "tables"), tmp_path / "r.html", generated_ms=1_767_225_600_000)
     html = path.read_text()
     for key in ("availability", "broker_health", "group_lag", "queue_ownership"):
-        assert f'<div class="empty" data-plot="{key}">no data yet</div>' in html
+        assert f'<div class="empty" data-plot="{key}">no data yet: ' in html
     assert "<svg" not in html and "data no data yet" in html
 
 
@@ -173,7 +173,42 @@ def test_health_from_bronze_matches_direct_counts(tmp_path: Path, outage: tuple[
                                   want[["broker_name", "minute_ms", "sends", "failures"]], check_dtype=False)
     assert np.allclose(got.latency_p50_ms, want.p50, atol=1.0)
     data = load_report_data(str(tmp_path))
-    assert data.health_source == "send_results" and len(data.frame("broker_health")) == len(want)
+    # A short run: no broker_health, and bronze cut finer than per minute so each broker has a line.
+    span = max(e.ts_ms for e in sends) - min(e.ts_ms for e in sends)
+    assert span < 6 * 60_000 and data.health_bucket_ms == health_bucket_ms(span) < 60_000
+    assert data.health_source == "send_results"
+    finer = health_from_bronze(str(tmp_path), bucket_ms=data.health_bucket_ms)
+    pd.testing.assert_frame_equal(data.frame("broker_health").reset_index(drop=True), finer)
+    assert finer.groupby("broker_name").minute_ms.nunique().min() >= HEALTH_MIN_POINTS
+    assert f"computed from bronze send_results per {data.health_bucket_ms // 1000} s" in data.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("span_ms", "bucket_ms"), [(3_600_000, 60_000), (360_000, 60_000), (359_999, 30_000), (100_000, 15_000),
+                               (60_000, 10_000), (5_000, 5_000)],
+)
+def test_health_resolution_suits_the_run(span_ms: int, bucket_ms: int) -> None:
+    assert health_bucket_ms(span_ms) == bucket_ms
+
+
+def test_one_minute_of_health_is_drawn_as_markers_in_both_panels() -> None:
+    health = pd.DataFrame([{"cluster": "c", "broker_name": "b", "minute_ms": 1_767_225_600_000, "sends": 10,
+                            "failures": 1, "failure_rate": 0.1, "latency_p50_ms": 2.0, "latency_p95_ms": 9.0,
+                            "latency_p99_ms": 12.0, "producers_avoiding": 0}])
+    plot = plots.broker_health(health, "broker_health")
+    assert plot.svg is not None and plot.items == 1
+    # Three lines of one point each (failure rate, p50, p99), each drawn as a round marker (a path
+    # with curves; tick marks are straight), and one more in the legend.
+    round_markers = {m for m, d in re.findall(r'<path id="(m\w+)" d="([^"]*)"', plot.svg) if re.search(r"\bC ", d)}
+    uses = re.findall(r'<use xlink:href="#(m\w+)"', plot.svg)
+    assert sum(u in round_markers for u in uses) == 3 + 1
+
+
+def test_an_empty_panel_says_why() -> None:
+    for plot in (plots.broker_health(pd.DataFrame(), "broker_health"), plots.group_lag(pd.DataFrame()),
+                 plots.queue_ownership(pd.DataFrame())):
+        assert plot.svg is None and plot.caption == plots.EMPTY[plot.key]
+        assert f'data-plot="{plot.key}">no data yet: ' in page.plot_section(plot)
 
 
 def test_cli_writes_the_report_and_prints_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
