@@ -226,7 +226,7 @@ class LagGroupConfig:
 @dataclass(frozen=True)
 class LagConfig:
     # The queue status rules, by name: "burrow" (Burrow's evaluator exactly) or "faultwatch" (Burrow's
-    # with the departures listed in pipeline/lag/status.py and the README).
+    # with the departures listed in pipeline/lag/status.py and docs/lag.md).
     rules: Literal["burrow", "faultwatch"] = "burrow"
     # Burrow's sliding window: the last N commits of each (group, queue), and N broker offsets.
     window_commits: int = 10

@@ -219,5 +219,5 @@ def driver_flags_notice(jvm_flags: list[str]) -> str | None:
         f"faultwatch: note: the driver's JVM runs without {' '.join(missing)}: spark-submit started it "
         "before faultwatch could set its flags, so its optimising JIT and collector threads take CPU from "
         f"the Python workers. Pass --driver-java-options \"{DEFAULT_JAVA_OPTIONS}\" --driver-memory "
-        f"{DEFAULT_DRIVER_MEMORY} to spark-submit (README, spark-submit)."
+        f"{DEFAULT_DRIVER_MEMORY} to spark-submit (README: Running on a cluster)."
     )

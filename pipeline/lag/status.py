@@ -4,7 +4,7 @@ Two rule sets, chosen by name (``lag.rules``). ``burrow`` (the default) is Burro
 evaluation in its order: STOP (unless a recent broker offset excuses the pause), REWIND (unless
 recovered), OK when some lag was at most ``allowed_lag``, STALL, WARN; OK otherwise, and UNKNOWN
 while the current lag is unknown. ``faultwatch`` keeps that order with four named departures
-(README; ``DEPARTURES`` in ``tests/unit/test_lag_status.py`` shows each case): a RocketMQ window
+(docs/lag.md; ``DEPARTURES`` in ``tests/unit/test_lag_status.py`` shows each case): a RocketMQ window
 that is young or quiet proves less than Burrow assumes (queues are handed over on every
 rebalance), so trend rules wait for ``min_commits``, a young window's STOP scales its span, a
 recent caught-up commit excuses a pause, and WARN needs two known lags.

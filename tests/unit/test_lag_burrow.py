@@ -216,7 +216,7 @@ def test_replay_lag_answers_every_rule_case() -> None:
 
 
 # Where the "faultwatch" rule set disagrees with Burrow on Burrow's own cases, and which departure
-# (pipeline/lag/status.py, README) is the reason. Its knobs: min_commits 3, grace 60 s.
+# (pipeline/lag/status.py, docs/lag.md) is the reason. Its knobs: min_commits 3, grace 60 s.
 FAULTWATCH_DEPARTURES = {
     "9": ("STOP", "OK", "stop excuse by commit: zero-lag commits 17.6 s ago, within the 60 s grace"),
 }

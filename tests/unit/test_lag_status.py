@@ -185,7 +185,7 @@ def test_all_cases_in_one_vectorised_call() -> None:
     assert [Status(int(s)).name for s in got] == [CASES[n][4].name for n in names]
 
 
-# Each departure of the "faultwatch" rule set (pipeline/lag/status.py, README), on the case that
+# Each departure of the "faultwatch" rule set (pipeline/lag/status.py, docs/lag.md), on the case that
 # shows it: (commits, current lag, now, lowest recent broker offset, Burrow's status, faultwatch's).
 DEPARTURES = {
     "trend_rules_wait": ([(0, 100, 10), (10_000, 100, 12)], 12, 15_000, 112, Status.STALL, Status.OK),
