@@ -68,6 +68,8 @@ class AlertLog:
     def read(self) -> None:
         """Read what the topic holds beyond what was read; an unreadable record is an error."""
         consumer = self._consumer or self._open()
+        if consumer is None:
+            return  # the topic has no partitions yet: nothing was sent to it
         for records in consumer.poll(timeout_ms=1000, max_records=10_000).values():
             for r in records:
                 self._take(orjson.loads(r.value))
@@ -79,7 +81,10 @@ class AlertLog:
             enable_auto_commit=False, auto_offset_reset="earliest", **self.cfg.kafka.client_options()
         )
         topic = self.cfg.topics.alerts
-        partitions = consumer.partitions_for_topic(topic) or set()
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            consumer.close()
+            return None
         consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
         self._consumer = consumer
         return consumer
