@@ -41,7 +41,7 @@ DEMO_PUBLISH_INTERVAL_S = 10.0
 
 # How much longer than its duration the demo may run while it waits for its story to be told (the
 # simulator keeps the clusters' steady traffic going meanwhile, so event time moves on).
-DEMO_STORY_BOUND_S = 120.0
+DEMO_STORY_BOUND_S = 180.0
 
 
 def demo_config(cfg: Config, root: Path, bootstrap: str) -> Config:
