@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 import orjson
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -121,7 +122,7 @@ class Routes:
         self._api_prefix, self._api_root = p + "/", p
 
     def answer(self, request: Request) -> Reply:
-        path = request.path
+        path = api.canonical_path(request.path)
         snap = self.refresher.snapshot
         if snap is not None:  # the common case first: an answer the refresh rendered
             answer = snap.answers.get(path)
@@ -157,7 +158,7 @@ class Routes:
         for pattern, render in _API_ROUTES:
             match = pattern.fullmatch(path)
             if match:
-                return _json(render(state, path, *match.groups()))
+                return _json(render(state, path, *(unquote(g) for g in match.groups())))
         return _json(api.not_found(path, "resource"))
 
 

@@ -21,7 +21,6 @@ import ssl
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
-from urllib.parse import unquote
 
 import httptools
 
@@ -160,9 +159,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         p = self.current
         url = p.url.decode("latin-1")
-        path = url.partition("?")[0]
-        if "%" in path:
-            path = unquote(path, errors="replace")
+        path = url.partition("?")[0]  # still percent-encoded: names are decoded segment by segment
         request = Request(self.parser.get_method(), path, p.accept_gzip)
         self.queue.append((request, p.authorization, self.parser.should_keep_alive()))
         if not self.verifying:
