@@ -172,10 +172,12 @@ def origin_path(target: bytes) -> bytes:
 class App:
     """The ASGI application: header checks, basic auth, then ``answer(request)``."""
 
-    def __init__(self, answer: Handler, auth: AuthCheck | None = None, denied: Callable[[str], Reply] | None = None):
+    def __init__(self, answer: Handler, auth: AuthCheck | None = None, denied: Callable[[str], Reply] | None = None,
+                 max_header_bytes: int = 16384):
         self.answer = answer
         self.auth = auth
         self.denied = denied
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -190,10 +192,16 @@ class App:
     async def _reply(self, scope: Scope) -> tuple[Reply, Request | None]:
         counts: dict[bytes, int] = {}
         values: dict[bytes, bytes] = {}
+        size = len(scope["raw_path"]) + len(scope["query_string"])
         for name, value in scope["headers"]:
+            size += len(name) + len(value) + 4
             if name in (b"host", b"authorization", b"accept-encoding"):
                 counts[name] = counts.get(name, 0) + 1
                 values[name] = value
+        # h11 refuses a head that grows past the limit while it arrives; one that came whole in a
+        # single read is refused here.
+        if size > self.max_header_bytes:
+            return text(431, "Request Header Fields Too Large"), None
         if scope["http_version"] == "1.1" and counts.get(b"host", 0) != 1:
             return text(400, "HTTP/1.1 needs exactly one Host header"), None
         if counts.get(b"authorization", 0) > 1:

@@ -183,12 +183,15 @@ def test_bad_requests_get_400(plain: Running, request_bytes: bytes) -> None:
 
 
 def test_an_oversized_head_is_refused_while_it_arrives() -> None:
-    running = start(max_header_bytes=16384)
+    running = start(App(answer, max_header_bytes=16384), max_header_bytes=16384)
     try:
         with connect(running.port) as s:
             s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000)  # never terminated
             assert read_answer(s)[0] == 400
             assert closed(s)
+        with connect(running.port) as s:  # a whole head over the limit, in one read
+            s.sendall(get("/x", "Host: x\r\nX-Big: " + "a" * 17000 + "\r\n"))
+            assert read_answer(s)[0] in (400, 431)
         with connect(running.port) as s:  # a head just under the limit is fine
             s.sendall(get("/x", "Host: x\r\nX-Big: " + "a" * 15000 + "\r\n"))
             assert read_answer(s)[0] == 200
