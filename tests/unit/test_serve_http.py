@@ -322,3 +322,11 @@ def test_connections_beyond_the_cap_are_closed_at_once() -> None:
                 assert time.monotonic() < deadline, "no connection was served after one closed"
     finally:
         running.close()
+
+
+def test_expect_continue_gets_the_final_answer_at_once(plain: Running) -> None:
+    with connect(plain.port) as s:
+        s.sendall(get("/x", "Host: x\r\nExpect: 100-continue\r\n"))
+        assert read_answer(s)[::2] == (200, b"GET /x gzip=False")
+        s.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        assert read_answer(s)[0] == 405  # no body was sent: the 405 does not wait for it
