@@ -186,7 +186,8 @@ class App:
         await self._send(send, scope["method"] == "HEAD", reply)
         client = scope.get("client")
         access_log.debug('%s "%s %s HTTP/%s" %d %d', f"{client[0]}:{client[1]}" if client else "-",
-                         scope["method"], request.path if request else "-", scope["http_version"],
+                         scope["method"], request.path if request else origin_path(scope["raw_path"]).decode("latin-1"),
+                         scope["http_version"],
                          reply.status, len(reply.body))
 
     async def _reply(self, scope: Scope) -> tuple[Reply, Request | None]:

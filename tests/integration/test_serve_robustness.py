@@ -31,7 +31,9 @@ from tests.unit.test_serve import CLUSTER, avoidance_doc, get, get_json, write_o
 
 MIB = 1 << 20
 BOUND_S = 60.0  # generous bound for events; only a broken server takes this long
-LIMITS = "header_timeout_s = 2.0\nsend_timeout_s = 2.0\nidle_timeout_s = 5.0\n"
+# The outage tables are simulated once per test run: their newest event must not turn /healthz
+# stale while the cases run, since these cases check other reasons.
+LIMITS = "header_timeout_s = 2.0\nsend_timeout_s = 2.0\nidle_timeout_s = 5.0\nmax_data_age_s = 86400.0\n"
 
 
 @dataclass
