@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.config import Config, load_config
 from pipeline.publish.sinks import write_cluster_files
 from pipeline.serve import Server
-from pipeline.serve.follow import latest_per_key
+from pipeline.serve.follow import latest_per_key, short_reason
 from pipeline.serve.snapshot import Refresher, health
 from pipeline.serve.state import avoided_brokers
 from pipeline.simulate import run_to_memory
@@ -284,6 +284,7 @@ def test_an_unreadable_table_gives_503_and_serving_goes_on(served: Any, tmp_path
         time.sleep(0.1)
     status, doc = get_json(url + "healthz")
     assert any(r.startswith("table queue_lag unreadable") for r in doc["reasons"]), doc
+    assert str(tmp_path) not in get(url + "healthz")[1].decode()  # no paths in answers
     status, doc = get_json(f"{url}v3/rocketmq/{CLUSTER}/consumer/CG_pay/status")
     assert status == 503 and doc["error"] is True and "queue_lag unreadable" in doc["message"]
     assert get(url + "metrics")[0] == 200 and get_json(f"{url}v3/rocketmq/{CLUSTER}/broker")[0] == 200
@@ -429,3 +430,9 @@ def test_names_are_path_segments_and_reach_no_other_resource(served: Any, tmp_pa
     assert "/v3/rocketmq/%2E%2E/avoidance" in snap.answers
     assert not any(p.startswith("/v3/rocketmq/DefaultCluster/consumer/") and "%" not in p and p.count("/") > 6
                    for p in snap.answers)
+
+
+def test_error_texts_keep_the_first_line_without_the_table_location() -> None:
+    error = OSError("Generic error at /srv/tables/queue_lag/part-1.parquet: bad magic\nBacktrace:\n  0: rust frame")
+    assert short_reason(error, "/srv/tables/queue_lag") == "Generic error at <table>/part-1.parquet: bad magic"
+    assert short_reason(ValueError("x" * 500), "/t").endswith("...") and len(short_reason(ValueError("x" * 500), "/t")) == 200
