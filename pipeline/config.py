@@ -418,9 +418,19 @@ class ServeConfig:
     # Basic auth when both are set: the password's bcrypt hash, never the password.
     basic_auth_username: str | None = None
     basic_auth_password_hash: Secret | None = None
+    # Limits on what one client may hold: a request head's size, the time to send one (slow
+    # clients), to sit idle between requests, to take an answer off the server; open connections.
+    max_header_bytes: int = 16384
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    send_timeout_s: float = 30.0
+    max_connections: int = 1000
 
     def validate(self) -> None:
-        _positive(self, "refresh_interval_s", "max_data_age_s", "forget_after_s", "page_refresh_s")
+        _positive(self, "refresh_interval_s", "max_data_age_s", "forget_after_s", "page_refresh_s",
+                  "header_timeout_s", "idle_timeout_s", "send_timeout_s", "max_connections")
+        if not 1024 <= self.max_header_bytes <= 1 << 20:
+            raise ConfigError(f"serve.max_header_bytes must be between 1024 and 1048576, got {self.max_header_bytes}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"serve.port must be between 0 and 65535, got {self.port}")
         if self.max_queue_series < 0:

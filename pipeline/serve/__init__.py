@@ -3,7 +3,7 @@ over the Delta tables, read with deltalake (no Spark) and refreshed in the backg
 
 :mod:`follow` reads tables incrementally, :mod:`state` turns their views into one state (pure),
 :mod:`metrics`, :mod:`api` and :mod:`page` render it, :mod:`snapshot` refreshes it, :mod:`worker`
-does that in a child process, :mod:`app` answers requests from the result, over :mod:`httpd`'s HTTP.
+does that in a child process, :mod:`app` answers requests from the result, over uvicorn (:mod:`asgi`).
 """
 
 from pipeline.serve.app import Server

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
+from pipeline.publish.sinks import safe_file_name
 from pipeline.serve.state import Broker, Group, Queue, ServeState
 
 API_PREFIX = "/v3/rocketmq"
@@ -22,6 +24,20 @@ _GROUP_TABLES = ("group_status", "queue_lag")
 _BROKER_TABLES = ("broker_fault_episodes_live", "broker_health")
 
 Answer = tuple[int, bytes]
+
+
+def segment(name: str) -> str:
+    """A name as one path segment: every character but ``A-Za-z0-9_.-~`` percent-encoded, and a
+    name of dots fully encoded, so no name (``a/b``, ``..``) can stand for another path."""
+    if name.strip(".") == "":
+        return "%2E" * len(name)
+    return quote(name, safe="")
+
+
+def canonical_path(raw: str) -> str:
+    """A request's path (still percent-encoded) in the one encoding the API's own paths use:
+    each segment decoded once and encoded again, ``/`` always a separator, ``%2F`` never."""
+    return "/".join(segment(unquote(part, errors="replace")) if part else "" for part in raw.split("/"))
 
 
 def reply(code: int, url: str, message: str, **body: Any) -> Answer:
@@ -137,6 +153,9 @@ def avoidance(state: ServeState, url: str, name: str, raw: Mapping[str, bytes]) 
     if name not in state.clusters:
         return not_found(url, f"cluster {name!r}")
     if name not in raw:
+        bad = state.avoidance_bad.get(safe_file_name(name))
+        if bad is not None:
+            return reply(503, url, f"avoidance file {safe_file_name(name)}: {bad}")
         if state.avoidance_error:
             return reply(503, url, state.avoidance_error)
         return not_found(url, f"avoidance list of cluster {name!r}")

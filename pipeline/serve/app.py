@@ -1,9 +1,9 @@
 """The HTTP side of ``faultwatch serve``: routes, basic auth, TLS, start and stop.
 
 Handlers only look up the current snapshot and return bytes the refresh already rendered, so
-they take microseconds and never wait for the tables; :mod:`pipeline.serve.httpd` is the HTTP
-layer under them. Only GET (and HEAD) are answered: the API is read-only and anything else is
-a 405.
+they take microseconds and never wait for the tables; uvicorn's h11 protocol, with the limits of
+:mod:`pipeline.serve.asgi`, is the HTTP layer under them. Only GET (and HEAD) are answered: the
+API is read-only and anything else is a 405.
 """
 
 from __future__ import annotations
@@ -16,17 +16,20 @@ import hmac
 import logging
 import re
 import signal
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 import orjson
+import uvicorn
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pipeline.config import Config, ConfigError
 from pipeline.serve import api
-from pipeline.serve.httpd import Auth, HttpServer, Reply, Request
+from pipeline.serve.asgi import App, Limits, Reply, Request, build_server
 from pipeline.serve.snapshot import health
 from pipeline.serve.state import ServeState
 from pipeline.serve.worker import Published, RefreshWorker
@@ -39,8 +42,8 @@ _METRICS = CONTENT_TYPE_PLAIN_0_0_4.encode()
 _TEXT = b"text/plain; charset=utf-8"
 _NOT_READY = Reply(503, _TEXT, b"no refresh of the tables has finished yet\n")
 _NOT_FOUND = Reply(404, _TEXT, b"404: Not Found\n")
-_VARY = b"Vary: Accept-Encoding\r\n"
-_GZIP = b"Content-Encoding: gzip\r\n" + _VARY
+_VARY = ((b"Vary", b"Accept-Encoding"),)
+_GZIP = ((b"Content-Encoding", b"gzip"), *_VARY)
 
 
 def _json(answer: api.Answer) -> Reply:
@@ -51,33 +54,52 @@ def _json(answer: api.Answer) -> Reply:
 class BasicAuth:
     """Checks ``Authorization: Basic`` against one user and a bcrypt hash.
 
-    bcrypt is slow on purpose (tens of ms), so a header that checked out once is remembered by its
-    SHA-256 (as Prometheus' exporter-toolkit does); failures are not remembered.
+    bcrypt is slow on purpose (tens of ms), so every header's verdict is remembered by its SHA-256
+    (as Prometheus' exporter-toolkit does for good ones), failures included, and bcrypt runs for
+    one header at a time: a flood of wrong passwords costs at most one core and never the loop.
     """
 
-    def __init__(self, username: str, password_hash: str, max_cached: int = 64) -> None:
+    def __init__(self, username: str, password_hash: str, max_cached: int = 64, max_failed: int = 4096) -> None:
         self._username = username.encode()
         self._hash = password_hash.encode()
         self._good: dict[bytes, None] = {}
+        self._bad: dict[bytes, None] = {}
         self._max_cached = max_cached
-        self._lock = threading.Lock()
+        self._max_failed = max_failed
+        self._lock: asyncio.Lock | None = None
 
     def known(self, header: str) -> bool:
         """True when this header checked out before (no bcrypt)."""
         return hashlib.sha256(header.encode()).digest() in self._good
 
-    def check(self, header: str) -> bool:
-        if self.known(header):
+    async def check(self, header: str, client: str = "-") -> bool:
+        digest = hashlib.sha256(header.encode()).digest()
+        if digest in self._good:
             return True
-        if not self._verify(header):
+        if digest in self._bad:
             return False
-        with self._lock:  # checks run in the executor's threads
-            if len(self._good) >= self._max_cached:
-                self._good.pop(next(iter(self._good)))
-            self._good[hashlib.sha256(header.encode()).digest()] = None
-        return True
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one bcrypt at a time
+            if digest in self._good or digest in self._bad:
+                return digest in self._good
+            ok = await asyncio.get_running_loop().run_in_executor(None, self.verify, header)
+        cache, bound = (self._good, self._max_cached) if ok else (self._bad, self._max_failed)
+        if len(cache) >= bound:
+            cache.pop(next(iter(cache)))
+        cache[digest] = None
+        if not ok:
+            log.info("serve: failed login from %s (user %r)", client, self._user_of(header)[:64])
+        return ok
 
-    def _verify(self, header: str) -> bool:
+    @staticmethod
+    def _user_of(header: str) -> str:
+        try:
+            return base64.b64decode(header.partition(" ")[2], validate=True).partition(b":")[0].decode("latin-1")
+        except (binascii.Error, ValueError):
+            return "?"
+
+    def verify(self, header: str) -> bool:
         import bcrypt
 
         scheme, _, encoded = header.partition(" ")
@@ -91,10 +113,10 @@ class BasicAuth:
         password_ok = bool(sep) and bcrypt.checkpw(password, self._hash)
         return user_ok and password_ok
 
-    def as_auth(self) -> Auth:
-        challenge = b'WWW-Authenticate: Basic realm="faultwatch", charset="UTF-8"\r\n'
-        return Auth(self.known, self.check,
-                    lambda path: _json(api.reply(401, path, "unauthorized"))._replace(headers=challenge))
+    @staticmethod
+    def denied(path: str) -> Reply:
+        challenge = ((b"WWW-Authenticate", b'Basic realm="faultwatch", charset="UTF-8"'),)
+        return _json(api.reply(401, path, "unauthorized"))._replace(headers=challenge)
 
 
 _P = re.escape(api.API_PREFIX)
@@ -121,7 +143,7 @@ class Routes:
         self._api_prefix, self._api_root = p + "/", p
 
     def answer(self, request: Request) -> Reply:
-        path = request.path
+        path = api.canonical_path(request.path)
         snap = self.refresher.snapshot
         if snap is not None:  # the common case first: an answer the refresh rendered
             answer = snap.answers.get(path)
@@ -157,14 +179,32 @@ class Routes:
         for pattern, render in _API_ROUTES:
             match = pattern.fullmatch(path)
             if match:
-                return _json(render(state, path, *match.groups()))
+                return _json(render(state, path, *(unquote(g) for g in match.groups())))
         return _json(api.not_found(path, "resource"))
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+# asyncio's TLS transport allocates (and zero-fills) a read buffer of SSLProtocol.max_size, 256 KiB,
+# for every accepted connection, before its handshake: ~80 MB for 300 silent connections. A TLS
+# record carries at most 16 KiB, so 32 KiB reads lose nothing.
+_TLS_READ_BUFFER = 32 * 1024
+
+
+def _bound_tls_buffers() -> None:
+    from asyncio import sslproto
+
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > _TLS_READ_BUFFER:
+        setattr(sslproto.SSLProtocol, "max_size", _TLS_READ_BUFFER)  # noqa: B010 - not in the stubs
 
 
 def ssl_context(cfg: Config) -> ssl.SSLContext | None:
     s = cfg.serve
     if s.tls_cert_file is None or s.tls_key_file is None:
         return None
+    _bound_tls_buffers()
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -190,6 +230,16 @@ class Server:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    def _uvicorn(self) -> uvicorn.Server:
+        s = self.cfg.serve
+        auth = None
+        if s.basic_auth_username is not None and s.basic_auth_password_hash is not None:
+            auth = BasicAuth(s.basic_auth_username, s.basic_auth_password_hash.value)
+        app = App(Routes(self.cfg, self.refresher).answer, auth.check if auth else None, BasicAuth.denied,
+                  s.max_header_bytes)
+        limits = Limits(s.max_header_bytes, s.header_timeout_s, s.idle_timeout_s, s.send_timeout_s, s.max_connections)
+        return build_server(app, limits, self.ssl)
+
     async def _serve(self, on_ready: Callable[[str], None] | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
@@ -197,14 +247,18 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stopping.set)
         s = self.cfg.serve
-        auth = None
-        if s.basic_auth_username is not None and s.basic_auth_password_hash is not None:
-            auth = BasicAuth(s.basic_auth_username, s.basic_auth_password_hash.value).as_auth()
-        http = HttpServer(Routes(self.cfg, self.refresher).answer, auth)
+        sock = socket.create_server((s.host, self.port), family=_family(s.host), backlog=1024)
+        server = self._uvicorn()
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         try:
-            host, port = await http.start(s.host, self.port, self.ssl)
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the HTTP server stopped while starting")
+                await asyncio.sleep(0.01)
+            host, port = sock.getsockname()[:2]
             scheme = "https" if self.ssl else "http"
-            self.url = f"{scheme}://{host}:{port}/"
+            self.url = f"{scheme}://{host}:{port}/" if ":" not in host else f"{scheme}://[{host}]:{port}/"
             log.debug("serve: HTTP on %s:%d%s", host, port, " over TLS" if self.ssl else "")
             self.refresher.start()
             self._ready.set()
@@ -213,7 +267,9 @@ class Server:
             await self._stopping.wait()
         finally:
             self.refresher.stop()
-            await http.stop()
+            server.should_exit = True
+            await task
+            sock.close()
 
     def run(self, on_ready: Callable[[str], None] | None = None) -> None:
         """Serve until :meth:`stop` (or Ctrl-C, SIGTERM)."""

@@ -104,7 +104,7 @@ class TableFollower:
             self.error = str(exc)
             self._forget()
         except Exception as exc:  # noqa: BLE001 - an unreadable table is reported, never a crash
-            self.error = f"table {self.name} unreadable: {type(exc).__name__}: {exc}"
+            self.error = f"table {self.name} unreadable: {type(exc).__name__}: {short_reason(exc, self.uri)}"
             self._dt = None
 
     def _forget(self) -> None:
@@ -113,9 +113,11 @@ class TableFollower:
     def _refresh(self) -> None:
         from deltalake import DeltaTable
 
+        # Checked on every refresh: a followed table's update_incremental() succeeds on a directory
+        # that has gone away, which would keep serving the old view as if it were current.
+        if not DeltaTable.is_deltatable(self.uri):
+            raise TableMissing(f"table {self.name} does not exist")
         if self._dt is None:
-            if not DeltaTable.is_deltatable(self.uri):
-                raise TableMissing(f"table {self.name} does not exist at {self.uri}")
             self._dt = DeltaTable(self.uri)
         else:
             self._dt.update_incremental()
@@ -151,6 +153,15 @@ class TableFollower:
         files = [unquote(p) for p in paths]
         dataset = pds.dataset(files, schema=schema, format="parquet", filesystem=_filesystem(self.uri))
         return dataset.to_table()
+
+
+def short_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
+    """The first line of an error, without the table's location (it goes to clients and /healthz:
+    no paths, no backtraces)."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    first = first.replace(uri, "<table>")
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def _filesystem(uri: str) -> pa_fs.FileSystem:

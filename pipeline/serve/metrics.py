@@ -185,7 +185,11 @@ def avoidance_families(state: ServeState) -> list[Family]:
         if doc is not None:
             decided.add_metric([cluster.name], int(doc["decided_ms"]) / 1000.0)
             expires.add_metric([cluster.name], int(doc["expires_ms"]) / 1000.0)
-    return [count, decided, expires]
+    bad = _g("faultwatch_avoidance_file_unusable",
+             "1 for each published avoidance file serve could not use (unreadable or of the wrong shape).", ["file"])
+    for name in sorted(state.avoidance_bad):
+        bad.add_metric([name], 1.0)
+    return [count, decided, expires, bad]
 
 
 def pipeline_families(state: ServeState, refresh: RefreshStats) -> list[Family]:

@@ -126,6 +126,8 @@ def avoidance_panel(state: ServeState) -> str:
         )
     body = _table(["cluster", "avoid now", "cycle", "decided", "expires"], rows, set()) if rows else (
         f'<p class="empty">{escape(state.avoidance_error or "no avoidance list published yet")}</p>')
+    body += "".join(f'<p class="empty">{escape(f"file {name} not used: {why}")}</p>'
+                    for name, why in sorted(state.avoidance_bad.items()))
     return f'<section id="avoidance" class="wide"><h2>Avoidance lists</h2>{body}</section>'
 
 

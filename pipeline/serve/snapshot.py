@@ -74,22 +74,76 @@ def _newest(name: str, view: pa.Table | None) -> int | None:
     return None if value is None else int(value)
 
 
-def read_avoidance_files(publish_dir: str) -> tuple[dict[str, bytes], dict[str, Any], str | None]:
-    """Raw bytes and parsed documents of the published lists, by cluster, and a problem if any."""
+@dataclass(frozen=True)
+class AvoidanceFiles:
+    """The published lists: raw bytes and parsed documents by cluster, the files that could not be
+    used (file name -> why), and why none could be read at all (no folder yet)."""
+
+    raw: dict[str, bytes]
+    docs: dict[str, Any]
+    bad: dict[str, str]
+    missing: str | None = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry_problem(where: str, entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"{where} is not an object"
+    if not isinstance(entry.get("broker_name"), str) or not entry["broker_name"]:
+        return f"{where}.broker_name is not a non-empty string"
+    for key in ("avoid_until_ms", "expires_ms"):
+        if not _is_int(entry.get(key)):
+            return f"{where}.{key} is not an integer"
+    return None
+
+
+def avoidance_problem(doc: Any) -> str | None:
+    """Why a published document cannot be served (the fields serve reads), or None."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if not isinstance(doc.get("cluster"), str) or not doc["cluster"]:
+        return "cluster is not a non-empty string"
+    for key in ("decided_ms", "expires_ms"):
+        if not _is_int(doc.get(key)):
+            return f"{key} is not an integer"
+    for key in ("avoid", "keep_available"):
+        entries = doc.get(key, [])
+        if not isinstance(entries, list):
+            return f"{key} is not a list"
+        for i, entry in enumerate(entries):
+            problem = _entry_problem(f"{key}[{i}]", entry)
+            if problem:
+                return problem
+    return None
+
+
+def read_avoidance_files(publish_dir: str) -> AvoidanceFiles:
+    """Every published list that reads and has the expected shape; each other file is named in ``bad``."""
     folder = Path(publish_dir)
     if not folder.is_dir():
-        return {}, {}, f"no avoidance list published yet: {folder} does not exist"
-    raw: dict[str, bytes] = {}
-    docs: dict[str, Any] = {}
-    problems = []
+        return AvoidanceFiles({}, {}, {}, "no avoidance list published yet")
+    out = AvoidanceFiles({}, {}, {})
     for path in sorted(folder.glob("*.json")):
         try:
             data = path.read_bytes()
             doc = orjson.loads(data)
-            raw[doc["cluster"]], docs[doc["cluster"]] = data, doc
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{path.name}: {type(exc).__name__}: {exc}")
-    return raw, docs, ("unreadable avoidance files: " + "; ".join(problems)) if problems else None
+        except OSError as exc:
+            out.bad[path.name] = f"cannot be read: {exc.strerror or type(exc).__name__}"
+            continue
+        except orjson.JSONDecodeError as exc:
+            out.bad[path.name] = f"not JSON: {exc}"
+            continue
+        problem = avoidance_problem(doc)
+        if problem:
+            out.bad[path.name] = problem
+        elif doc["cluster"] in out.docs:
+            out.bad[path.name] = f"a second list for cluster {doc['cluster']!r}"
+        else:
+            out.raw[doc["cluster"]], out.docs[doc["cluster"]] = data, doc
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,6 +171,7 @@ def health(snapshot: _HasHealth | None, cfg: Config, now_ms: int) -> tuple[int, 
     s = cfg.serve
     reasons = [snapshot.state.table_errors[t] for t in (*REQUIRED_TABLES, *s.fresh_tables)
                if t in snapshot.state.table_errors]
+    reasons += [f"avoidance file {name}: {why}" for name, why in sorted(snapshot.state.avoidance_bad.items())]
     stale_after_ms = int((3 * s.refresh_interval_s + 30) * 1000)
     if now_ms - snapshot.refresh.finished_ms > stale_after_ms:
         reasons.append(f"last refresh finished {(now_ms - snapshot.refresh.finished_ms) / 1000:.0f} s ago")
@@ -148,7 +203,7 @@ class Refresher:
         started = time.monotonic()
         for follower in self.followers.values():
             follower.refresh()
-        raw, docs, avoidance_error = read_avoidance_files(self.cfg.storage.publish_dir)
+        files = read_avoidance_files(self.cfg.storage.publish_dir)
         errors = {name: f.error for name, f in self.followers.items() if f.error}
         views = Views(
             group_status=self.followers["group_status"].view,
@@ -159,8 +214,9 @@ class Refresher:
             quarantine=self.followers["quarantine"].view,
             newest_ms={name: _newest(name, f.view) for name, f in self.followers.items()},
             errors=errors,
-            avoidance=docs,
-            avoidance_error=avoidance_error,
+            avoidance=files.docs,
+            avoidance_error=files.missing,
+            avoidance_bad=files.bad,
         )
         now_ms = int(self.clock() * 1000)
         state = build_state(views, now_ms, int(self.cfg.serve.forget_after_s * 1000))
@@ -170,6 +226,6 @@ class Refresher:
             self.ok_total += 1
         stats = RefreshStats(time.monotonic() - started, int(self.clock() * 1000), self.ok_total, self.error_total)
         metrics = render_metrics(state, stats, self.cfg.serve.max_queue_series)
-        snapshot = Snapshot(state, metrics, raw, stats)
+        snapshot = Snapshot(state, metrics, files.raw, stats)
         self.snapshot = snapshot
         return snapshot

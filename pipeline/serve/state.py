@@ -98,6 +98,8 @@ class ServeState:
     quarantine: tuple[tuple[str, str, int], ...]
     publisher: tuple[tuple[str, str, int], ...]
     avoidance_error: str | None = None
+    # Published files that could not be used, by file name: why.
+    avoidance_bad: Mapping[str, str] = field(default_factory=dict)
 
     def error_for(self, tables: Sequence[str]) -> str | None:
         """The first problem among ``tables`` (None: all readable)."""
@@ -121,6 +123,7 @@ class Views:
     errors: Mapping[str, str]
     avoidance: Mapping[str, Mapping[str, Any]]
     avoidance_error: str | None = None
+    avoidance_bad: Mapping[str, str] = field(default_factory=dict)
 
 
 def build_state(views: Views, now_ms: int, forget_after_ms: int) -> ServeState:
@@ -147,6 +150,7 @@ def build_state(views: Views, now_ms: int, forget_after_ms: int) -> ServeState:
         quarantine=_quarantine_counts(views.quarantine),
         publisher=_publisher_cycles(views.publisher_cycles),
         avoidance_error=views.avoidance_error,
+        avoidance_bad=dict(views.avoidance_bad),
     )
 
 

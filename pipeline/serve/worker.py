@@ -59,7 +59,8 @@ class Published:
 
 def _names_only(state: ServeState) -> ServeState:
     clusters = {name: Cluster(name, {}, {}, None) for name in state.clusters}
-    return ServeState(state.now_ms, clusters, state.table_errors, state.newest_ms, (), (), state.avoidance_error)
+    return ServeState(state.now_ms, clusters, state.table_errors, state.newest_ms, (), (), state.avoidance_error,
+                      state.avoidance_bad)
 
 
 def api_paths(state: ServeState) -> dict[str, tuple[str, ...]]:
@@ -67,13 +68,13 @@ def api_paths(state: ServeState) -> dict[str, tuple[str, ...]]:
     p = api.API_PREFIX
     out: dict[str, tuple[str, ...]] = {p: ("clusters",)}
     for name, cluster in state.clusters.items():
-        c = f"{p}/{name}"
+        c = f"{p}/{api.segment(name)}"
         out[c] = ("cluster", name)
         out[c + "/consumer"] = ("consumers", name)
         out[c + "/broker"] = ("brokers", name)
         out[c + "/avoidance"] = ("avoidance", name)
         for group in cluster.groups:
-            out[f"{c}/consumer/{group}/status"] = ("status", name, group)
+            out[f"{c}/consumer/{api.segment(group)}/status"] = ("status", name, group)
     return out
 
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.config import Config, load_config
 from pipeline.publish.sinks import write_cluster_files
 from pipeline.serve import Server
-from pipeline.serve.follow import latest_per_key
+from pipeline.serve.follow import latest_per_key, short_reason
 from pipeline.serve.snapshot import Refresher, health
 from pipeline.serve.state import avoided_brokers
 from pipeline.simulate import run_to_memory
@@ -61,9 +61,11 @@ _RUNS: dict[int, Any] = {}
 
 
 def outage_run() -> Any:
-    """A 100 s broker-b outage that ended about now (simulated once per test module run)."""
-    if not _RUNS:
-        _RUNS[0] = run_to_memory("broker-outage", duration_s=100.0, epoch_ms=int(time.time() * 1000) - 100_000)
+    """A 100 s broker-b outage that ended about now: simulated again once the last one is over a
+    minute old, so its newest events stay well inside serve.max_data_age_s whatever ran before."""
+    now_ms = int(time.time() * 1000)
+    if not _RUNS or now_ms - _RUNS[1] > 60_000:
+        _RUNS[0], _RUNS[1] = run_to_memory("broker-outage", duration_s=100.0, epoch_ms=now_ms - 100_000), now_ms
     return _RUNS[0]
 
 
@@ -282,6 +284,7 @@ def test_an_unreadable_table_gives_503_and_serving_goes_on(served: Any, tmp_path
         time.sleep(0.1)
     status, doc = get_json(url + "healthz")
     assert any(r.startswith("table queue_lag unreadable") for r in doc["reasons"]), doc
+    assert str(tmp_path) not in get(url + "healthz")[1].decode()  # no paths in answers
     status, doc = get_json(f"{url}v3/rocketmq/{CLUSTER}/consumer/CG_pay/status")
     assert status == 503 and doc["error"] is True and "queue_lag unreadable" in doc["message"]
     assert get(url + "metrics")[0] == 200 and get_json(f"{url}v3/rocketmq/{CLUSTER}/broker")[0] == 200
@@ -326,3 +329,110 @@ def test_avoided_brokers_follow_the_wire_format_rules() -> None:
     assert avoided_brokers(doc, 1_000) == ["broker-b"]
     assert avoided_brokers(doc, 61_000) == []  # entry's avoid_until passed
     assert avoided_brokers({**doc, "expires_ms": 2_000}, 2_000) == []  # the whole list expired
+
+
+def wait_for(check: Any, what: str, timeout_s: float = 30.0) -> Any:
+    """Poll ``check()`` until it returns something truthy (the event itself), within a generous bound."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not seen within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def unhealthy_reasons(url: str) -> list[str] | None:
+    """/healthz's reasons while it is 503 (None while 200)."""
+    status, doc = get_json(url + "healthz")
+    return doc["reasons"] if status == 503 else None
+
+
+def test_a_table_that_disappears_is_noticed_at_the_next_refresh_and_recovers(served: Any, tmp_path: Path) -> None:
+    url, _, _ = served
+    up = b'faultwatch_table_up{table="group_status"} '
+    assert up + b"1.0" in get(url + "metrics")[1]
+    table_dir = tmp_path / "tables" / "group_status"
+    table_dir.rename(tmp_path / "moved-away")
+    reasons = wait_for(lambda: unhealthy_reasons(url), "healthz 503")
+    assert reasons == ["table group_status does not exist"]
+    assert str(tmp_path) not in get(url + "healthz")[1].decode()  # no paths in answers
+    assert up + b"0.0" in get(url + "metrics")[1]
+    status, doc = get_json(f"{url}v3/rocketmq/{CLUSTER}/consumer")
+    assert (status, doc["message"]) == (503, "table group_status does not exist")
+    (tmp_path / "moved-away").rename(table_dir)
+    wait_for(lambda: get_json(url + "healthz") == (200, {"status": "ok", "reasons": []}), "healthz 200 again")
+    assert up + b"1.0" in get(url + "metrics")[1]
+    assert get_json(f"{url}v3/rocketmq/{CLUSTER}/consumer")[1]["consumers"] == ["CG_pay"]
+
+
+def test_one_bad_avoidance_file_is_named_and_the_others_still_refresh(served: Any, tmp_path: Path) -> None:
+    url, _, _ = served
+    folder = tmp_path / "avoidance"
+    now_ms = int(time.time() * 1000)
+    bad = {**avoidance_doc("Other", now_ms), "decided_ms": "yesterday"}
+    (folder / "Other.json").write_bytes(orjson.dumps(bad))
+    (folder / "Broken.json").write_bytes(b"{not json")
+    newer = orjson.dumps(avoidance_doc(CLUSTER, now_ms + 1, broker="broker-c"), option=orjson.OPT_SORT_KEYS)
+    write_cluster_files(str(folder), [(CLUSTER, newer)])
+    wait_for(lambda: get(f"{url}v3/rocketmq/{CLUSTER}/avoidance")[1] == newer, "the good file's new content")
+    reasons = wait_for(lambda: unhealthy_reasons(url), "healthz naming the bad files")
+    with pytest.raises(orjson.JSONDecodeError) as not_json:
+        orjson.loads(b"{not json")
+    assert reasons == [f"avoidance file Broken.json: not JSON: {not_json.value}",
+                       "avoidance file Other.json: decided_ms is not an integer"]
+    samples = metric_samples(get(url + "metrics")[1].decode())
+    unusable = {k[1]: v for k, v in samples.items() if k[0] == "faultwatch_avoidance_file_unusable"}
+    assert unusable == {(("file", "Broken.json"),): 1.0, (("file", "Other.json"),): 1.0}
+    assert samples[("faultwatch_broker_avoidance_recommended", (("broker", "broker-c"), ("cluster", CLUSTER)))] == 1.0
+    assert get_json(f"{url}v3/rocketmq/Other/avoidance")[0] == 404  # the bad file names no cluster serve can trust
+    (folder / "Other.json").unlink()
+    (folder / "Broken.json").unlink()
+    wait_for(lambda: get_json(url + "healthz")[0] == 200, "healthz 200 once the bad files are gone")
+
+
+def _segment_state(tmp_path: Path) -> None:
+    """Clusters and groups whose names look like paths."""
+    now_ms = int(time.time() * 1000)
+    names = [f"{CLUSTER}/consumer", "..", "a%2fb"]
+    write_cluster_files(str(tmp_path / "avoidance"), [
+        (n, orjson.dumps(avoidance_doc(n, now_ms, broker=f"broker-of-{n}"))) for n in names])
+    _write(tmp_path / "tables", "group_status", [
+        {"cluster": CLUSTER, "consumer_group": g, "ts_ms": now_ms, "status": "OK", "total_lag": 0, "queues": 0,
+         "event_date": "2026-01-01"} for g in ("CG_pay/status", "..")])
+
+
+def test_names_are_path_segments_and_reach_no_other_resource(served: Any, tmp_path: Path) -> None:
+    url, _, server = served
+    _segment_state(tmp_path)
+    api = url + "v3/rocketmq"
+    wait_for(lambda: len(get_json(api)[1]["clusters"]) == 4, "the new clusters")
+    assert get_json(api)[1]["clusters"] == sorted([CLUSTER, f"{CLUSTER}/consumer", "..", "a%2fb"])
+    # The cluster named "DefaultCluster/consumer" does not replace DefaultCluster's consumer list.
+    status, doc = get_json(f"{api}/{CLUSTER}/consumer")
+    assert status == 200 and sorted(doc["consumers"]) == sorted(["CG_pay", "CG_pay/status", ".."])
+    for encoded in (f"{CLUSTER}%2Fconsumer", f"{CLUSTER}%2fconsumer"):
+        status, doc = get_json(f"{api}/{encoded}")
+        assert (status, doc["cluster"]["name"]) == (200, f"{CLUSTER}/consumer")
+        status, doc = get_json(f"{api}/{encoded}/avoidance")
+        assert (status, doc["cluster"]) == (200, f"{CLUSTER}/consumer")
+    assert get_json(f"{api}/%2E%2E/avoidance")[1]["cluster"] == ".."
+    assert get_json(f"{api}/a%252fb/avoidance")[1]["cluster"] == "a%2fb"
+    assert get_json(f"{api}/a%2fb/avoidance")[0] == 404  # that is "a/b": no such cluster
+    status, doc = get_json(f"{api}/{CLUSTER}/consumer/CG_pay%2Fstatus/status")
+    assert (status, doc["status"]["group"]) == (200, "CG_pay/status")
+    status, doc = get_json(f"{api}/{CLUSTER}/consumer/CG_pay/status")
+    assert (status, doc["status"]["group"]) == (200, "CG_pay")
+    assert get_json(f"{api}/{CLUSTER}/consumer/%2E%2E/status")[1]["status"]["group"] == ".."
+    # The paths the refresh rendered are the encoded ones.
+    snap = server.refresher.snapshot
+    assert "/v3/rocketmq/DefaultCluster%2Fconsumer/avoidance" in snap.answers
+    assert "/v3/rocketmq/%2E%2E/avoidance" in snap.answers
+    assert not any(p.startswith("/v3/rocketmq/DefaultCluster/consumer/") and "%" not in p and p.count("/") > 6
+                   for p in snap.answers)
+
+
+def test_error_texts_keep_the_first_line_without_the_table_location() -> None:
+    error = OSError("Generic error at /srv/tables/queue_lag/part-1.parquet: bad magic\nBacktrace:\n  0: rust frame")
+    assert short_reason(error, "/srv/tables/queue_lag") == "Generic error at <table>/part-1.parquet: bad magic"
+    assert short_reason(ValueError("x" * 500), "/t").endswith("...") and len(short_reason(ValueError("x" * 500), "/t")) == 200

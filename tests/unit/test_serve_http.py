@@ -1,11 +1,17 @@
-"""serve's HTTP layer (pipeline/serve/httpd.py) over real sockets: keep-alive, HEAD, pipelining in
-order, 405/400/431, paths decoded as before, basic auth through bcrypt, idle connections closed."""
+"""serve's HTTP side (pipeline/serve/asgi.py on uvicorn) over real sockets: keep-alive, HEAD,
+pipelining in order, 405/400, paths left percent-encoded, header rules, basic auth through bcrypt
+(once per header, one at a time), and the limits: head size, head deadline, idle timeout,
+connection cap.
+
+Every wait is for the event itself (an answer, a closed socket) within a generous bound.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -16,43 +22,42 @@ import bcrypt
 import pytest
 
 from pipeline.serve.app import BasicAuth
-from pipeline.serve.httpd import HttpServer, Reply, Request
+from pipeline.serve.asgi import App, Limits, Reply, Request, accepts_gzip, build_server, origin_path
+
+BOUND_S = 20.0  # generous: only a broken server takes this long
 
 
 def answer(request: Request) -> Reply:
     if request.path == "/boom":
         raise RuntimeError("a bug in a handler")
     body = f"{request.method.decode()} {request.path} gzip={request.accept_gzip}".encode()
-    return Reply(200, b"text/plain", body, b"X-Test: 1\r\n")
+    return Reply(200, b"text/plain", body, ((b"X-Test", b"1"),))
 
 
 class Running:
-    """An :class:`HttpServer` on its own loop in a thread, on a free loopback port."""
+    """A uvicorn server with serve's app and limits, on its own loop in a thread, on a free port."""
 
-    def __init__(self, server: HttpServer) -> None:
-        self.server = server
+    def __init__(self, app: App, limits: Limits) -> None:
+        self.server = build_server(app, limits)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.port = 0
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            _, self.port = self.loop.run_until_complete(server.start("127.0.0.1", 0, None))
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread = threading.Thread(target=self.loop.run_until_complete,
+                                       args=(self.server.serve(sockets=[self.sock]),), daemon=True)
         self.thread.start()
-        assert started.wait(10)
+        deadline = time.monotonic() + BOUND_S
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.server.should_exit = True
+        self.thread.join(BOUND_S)
+        self.sock.close()
 
 
-def start(**kw: Any) -> Running:
-    return Running(HttpServer(answer, **kw))
+def start(app: App | None = None, **limits: Any) -> Running:
+    return Running(app or App(answer), Limits(**limits))
 
 
 @pytest.fixture
@@ -66,7 +71,7 @@ class Client:
     """A raw socket that reads answers one at a time (pipelined answers stay buffered)."""
 
     def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=BOUND_S)
         self.buf = b""
 
     def sendall(self, data: bytes) -> None:
@@ -96,6 +101,10 @@ def read_answer(c: Client, head_only: bool = False) -> tuple[int, dict[str, str]
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if "content-length" not in headers and headers.get("connection") == "close":  # body until the end
+        closed(c)
+        body, c.buf = c.buf, b""
+        return status, headers, body
     length = 0 if head_only else int(headers["content-length"])
     while len(c.buf) < length:
         c._fill()
@@ -104,11 +113,33 @@ def read_answer(c: Client, head_only: bool = False) -> tuple[int, dict[str, str]
 
 
 def closed(c: Client) -> bool:
-    c.sock.settimeout(5)
+    """Waits (bounded) until the server closes the connection; True once it has."""
+    c.sock.settimeout(BOUND_S)
     try:
-        return not c.buf and c.sock.recv(1) == b""
+        while True:
+            chunk = c.sock.recv(65536)
+            if not chunk:
+                return True
+            c.buf += chunk
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
+
+
+def is_closed_now(c: Client) -> bool:
+    """Without waiting: has the server closed the connection?"""
+    readable, _, _ = select.select([c.sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return c.sock.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionResetError:
+        return True
+
+
+def get(path: str = "/x", headers: str = "Host: x\r\n") -> bytes:
+    return f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode()
 
 
 def test_keep_alive_head_and_query_strings(plain: Running) -> None:
@@ -118,98 +149,184 @@ def test_keep_alive_head_and_query_strings(plain: Running) -> None:
         assert status == 200 and body == b"" and headers["content-length"] == str(len(b"HEAD /a gzip=True"))
         assert headers["x-test"] == "1" and headers["content-type"] == "text/plain" and "date" in headers
         for _ in range(3):  # the same connection goes on
-            s.sendall(b"GET /v3/a%20b/c%2Fd?y HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert read_answer(s)[::2] == (200, b"GET /v3/a b/c/d gzip=False")
+            s.sendall(get("/v3/a%20b/c%2Fd?y"))
+            assert read_answer(s)[::2] == (200, b"GET /v3/a%20b/c%2Fd gzip=False")  # decoded by the routes
 
 
 def test_pipelined_requests_are_answered_in_order_and_close_ends_it(plain: Running) -> None:
     with connect(plain.port) as s:
-        s.sendall(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(50))
-                  + b"GET /last HTTP/1.1\r\nConnection: close\r\n\r\nGET /never HTTP/1.1\r\n\r\n")
-        for i in range(50):
-            assert read_answer(s)[2] == b"GET /%d gzip=False" % i
-        _, headers, body = read_answer(s)
-        assert body == b"GET /last gzip=False" and headers["connection"] == "close"
+        s.sendall(b"".join(get(f"/{i}") for i in range(20)) + get("/last", "Host: x\r\nConnection: close\r\n"))
+        for i in range(20):
+            assert read_answer(s)[::2] == (200, f"GET /{i} gzip=False".encode())
+        assert read_answer(s)[2] == b"GET /last gzip=False"
         assert closed(s)
 
 
-def test_http_1_0_closes_unless_kept_alive(plain: Running) -> None:
+def test_only_get_and_head_are_answered_without_waiting_for_the_body(plain: Running) -> None:
     with connect(plain.port) as s:
-        s.sendall(b"GET /old HTTP/1.0\r\n\r\n")
-        assert read_answer(s)[2] == b"GET /old gzip=False" and closed(s)
-    with connect(plain.port) as s:
-        s.sendall(b"GET /old HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
-        assert read_answer(s)[0] == 200
-        s.sendall(b"GET /again HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
-        assert read_answer(s)[2] == b"GET /again gzip=False"
+        s.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")  # no body follows
+        status, headers, _ = read_answer(s)
+        assert status == 405 and headers["allow"] == "GET, HEAD"
 
 
-def test_only_get_and_head_are_answered(plain: Running) -> None:
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n",
+    b"GET /x HTTP/1.1\r\n\r\n",  # no Host
+    b"GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: Basic eDp5\r\nAuthorization: Basic eDp6\r\n\r\n",
+])
+def test_bad_requests_get_400(plain: Running, request_bytes: bytes) -> None:
     with connect(plain.port) as s:
-        for method in (b"POST", b"PUT", b"DELETE", b"PATCH"):
-            s.sendall(method + b" /v3/rocketmq HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
-            status, headers, _ = read_answer(s)
-            assert status == 405 and headers["allow"] == "GET, HEAD"
-        s.sendall(b"GET /after HTTP/1.1\r\n\r\n")  # the bodies were skipped: the connection goes on
-        assert read_answer(s)[2] == b"GET /after gzip=False"
+        s.sendall(request_bytes)
+        status, _, body = read_answer(s)
+        assert status == 400 and b"/" not in body.replace(b"HTTP/1.1", b"")  # short, no paths
 
 
-def test_bad_requests_get_400_or_431_and_are_closed(plain: Running) -> None:
-    with connect(plain.port) as s:
-        s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-        assert read_answer(s)[0] == 400 and closed(s)
-    with connect(plain.port) as s:
-        s.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
-        assert read_answer(s)[0] == 431 and closed(s)
-    with connect(plain.port) as s:  # the server is still there
-        s.sendall(b"GET /ok HTTP/1.1\r\n\r\n")
-        assert read_answer(s)[0] == 200
+def test_an_oversized_head_is_refused_while_it_arrives() -> None:
+    running = start(App(answer, max_header_bytes=16384), max_header_bytes=16384)
+    try:
+        with connect(running.port) as s:
+            s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000)  # never terminated
+            assert read_answer(s)[0] == 400
+            assert closed(s)
+        with connect(running.port) as s:  # a whole head over the limit, in one read
+            s.sendall(get("/x", "Host: x\r\nX-Big: " + "a" * 17000 + "\r\n"))
+            assert read_answer(s)[0] in (400, 431)
+        with connect(running.port) as s:  # a head just under the limit is fine
+            s.sendall(get("/x", "Host: x\r\nX-Big: " + "a" * 15000 + "\r\n"))
+            assert read_answer(s)[0] == 200
+    finally:
+        running.close()
 
 
 def test_a_failing_handler_is_a_500_and_serving_goes_on(plain: Running) -> None:
     with connect(plain.port) as s:
-        s.sendall(b"GET /boom HTTP/1.1\r\n\r\nGET /fine HTTP/1.1\r\n\r\n")
-        assert read_answer(s)[0] == 500
-        assert read_answer(s)[2] == b"GET /fine gzip=False"
+        s.sendall(get("/boom"))
+        status, _, body = read_answer(s)
+        assert status == 500 and b"RuntimeError" not in body and b"Traceback" not in body
+        s.sendall(get("/ok"))
+        assert read_answer(s)[0] == 200
 
 
-def test_basic_auth_checks_bcrypt_once_and_keeps_the_order() -> None:
-    password_hash = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
-    auth = BasicAuth("prom", password_hash)
-    running = start(auth=auth.as_auth())
-    good = "Basic " + base64.b64encode(b"prom:s3cret").decode()
-    bad = "Basic " + base64.b64encode(b"prom:guess").decode()
+def test_headers_the_app_reads() -> None:
+    assert accepts_gzip(b"gzip") and accepts_gzip(b"br, GZIP;q=0.5") and accepts_gzip(b"*")
+    assert not accepts_gzip(b"gzip;q=0") and not accepts_gzip(b"br") and not accepts_gzip(b"")
+    assert origin_path(b"http://example.com/metrics") == b"/metrics"
+    assert origin_path(b"HTTPS://example.com") == b"/" and origin_path(b"/v3/x") == b"/v3/x"
+
+
+def test_absolute_form_targets_reach_the_path(plain: Running) -> None:
+    with connect(plain.port) as s:
+        s.sendall(get("http://x/metrics"))
+        assert read_answer(s)[::2] == (200, b"GET /metrics gzip=False")
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+class CountingAuth(BasicAuth):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.verified: list[str] = []
+        self.running = 0
+        self.most_at_once = 0
+        self._count = threading.Lock()
+
+    def verify(self, header: str) -> bool:
+        with self._count:
+            self.verified.append(header)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            return super().verify(header)
+        finally:
+            with self._count:
+                self.running -= 1
+
+
+def test_basic_auth_runs_bcrypt_once_per_header_one_at_a_time_and_keeps_the_order() -> None:
+    auth = CountingAuth("prometheus", bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=8)).decode())
+    running = start(App(answer, auth.check, BasicAuth.denied))
+    good, bad = basic("prometheus", "s3cret"), basic("prometheus", "wrong")
     try:
-        with connect(running.port) as s:
-            # A header not seen before waits for bcrypt (in a thread); what follows waits its turn.
-            s.sendall(b"".join(
-                b"GET /%d HTTP/1.1\r\nAuthorization: %s\r\n\r\n" % (i, (good if i % 3 else bad).encode())
-                for i in range(9)
-            ) + b"GET /none HTTP/1.1\r\n\r\n")
-            for i in range(9):
-                status, headers, body = read_answer(s)
-                if i % 3:
-                    assert (status, body) == (200, b"GET /%d gzip=False" % i)
-                else:
-                    assert status == 401 and headers["www-authenticate"].startswith("Basic realm=")
-                    assert b'"url":"/%d"' % i in body
-            assert read_answer(s)[0] == 401
+        with connect(running.port) as a, connect(running.port) as b, connect(running.port) as c:
+            for client in (a, b, c):  # three connections at once, each pipelining
+                client.sendall(b"".join(get(f"/{i}", f"Host: x\r\nAuthorization: {h}\r\n")
+                                        for i, h in enumerate([good, bad, good, bad, good])) + get("/none"))
+            for client in (a, b, c):
+                assert [read_answer(client)[0] for _ in range(6)] == [200, 401, 200, 401, 200, 401]
+        assert sorted(auth.verified) == sorted([good, bad])  # each header's verdict is remembered
+        assert auth.most_at_once == 1
         assert auth.known(good) and not auth.known(bad)
     finally:
         running.close()
 
 
 def test_idle_connections_are_closed_busy_ones_are_not() -> None:
-    running = start(idle_timeout_s=0.5)
+    running = start(idle_timeout_s=2.0)
     try:
         with connect(running.port) as idle, connect(running.port) as busy:
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:
-                busy.sendall(b"GET /x HTTP/1.1\r\n\r\n")
+            idle.sendall(get("/first"))
+            assert read_answer(idle)[0] == 200
+            deadline = time.monotonic() + BOUND_S
+            while not is_closed_now(idle):  # the event itself: the idle one is closed
+                assert time.monotonic() < deadline, "the idle connection was never closed"
+                busy.sendall(get("/x"))  # a request every ~50 ms, far inside the 2 s timeout
                 assert read_answer(busy)[0] == 200
                 time.sleep(0.05)
-            assert closed(idle)
-            busy.sendall(b"GET /y HTTP/1.1\r\n\r\n")
+            busy.sendall(get("/y"))
             assert read_answer(busy)[0] == 200
     finally:
         running.close()
+
+
+def test_a_slow_head_is_cut_off_and_others_are_answered_meanwhile() -> None:
+    running = start(header_timeout_s=1.0, idle_timeout_s=60.0)
+    try:
+        with connect(running.port) as slow, connect(running.port) as silent:
+            deadline = time.monotonic() + BOUND_S
+            head = b"GET /x HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+            sent = 0
+            while not is_closed_now(slow):
+                assert time.monotonic() < deadline, "a head trickling in was never cut off"
+                with contextlib.suppress(OSError):
+                    slow.sendall(head[sent:sent + 1])
+                sent = (sent + 1) % len(head)
+                with connect(running.port) as other:
+                    other.sendall(get("/other"))
+                    assert read_answer(other)[0] == 200
+                time.sleep(0.05)
+            assert closed(silent)  # a connection that never sends a head goes too
+    finally:
+        running.close()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+    running = start(max_connections=3)
+    try:
+        with contextlib.ExitStack() as stack:
+            held = [stack.enter_context(connect(running.port)) for _ in range(3)]
+            for c in held:
+                c.sendall(get("/held"))
+                assert read_answer(c)[0] == 200
+            with connect(running.port) as extra:
+                assert closed(extra) and extra.buf == b""
+            held[0].sock.close()
+            deadline = time.monotonic() + BOUND_S
+            while True:  # once one goes, a new one is served
+                with connect(running.port) as again, contextlib.suppress(ConnectionError, OSError):
+                    again.sendall(get("/again"))
+                    if read_answer(again)[0] == 200:
+                        break
+                assert time.monotonic() < deadline, "no connection was served after one closed"
+    finally:
+        running.close()
+
+
+def test_expect_continue_gets_the_final_answer_at_once(plain: Running) -> None:
+    with connect(plain.port) as s:
+        s.sendall(get("/x", "Host: x\r\nExpect: 100-continue\r\n"))
+        assert read_answer(s)[::2] == (200, b"GET /x gzip=False")
+        s.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        assert read_answer(s)[0] == 405  # no body was sent: the 405 does not wait for it
