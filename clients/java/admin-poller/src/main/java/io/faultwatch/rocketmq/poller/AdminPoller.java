@@ -125,6 +125,8 @@ public final class AdminPoller implements AutoCloseable {
                 String why = cause.getClass().getSimpleName() + ": " + cause.getMessage();
                 if (why.contains("CODE: 206") || why.contains("not online") || why.contains("CODE: 15")) {
                     brokers.putIfAbsent(key[0], "ok"); // the broker answered: this group has nothing there
+                } else if (cause.getClass().getSimpleName().contains("Timeout")) {
+                    brokers.put(key[0], "down: no answer within " + opt.timeoutMs + " ms (" + why + ")");
                 } else {
                     brokers.put(key[0], "down: " + why);
                 }
