@@ -122,10 +122,14 @@ public final class Driver {
         int failed = 0;
         Map<String, Integer> byBroker = new TreeMap<>();
         Map<String, Integer> errors = new TreeMap<>();
+        long[] micros = new long[n];
+        long began = System.nanoTime();
         for (int i = 0; i < n; i++) {
             Message msg = new Message(topic, ("lab " + sequence++).getBytes(StandardCharsets.UTF_8));
+            long t0 = System.nanoTime();
             try {
                 SendResult r = producer.send(msg);
+                micros[i] = (System.nanoTime() - t0) / 1000;
                 ok++;
                 byBroker.merge(r.getMessageQueue().getBrokerName(), 1, Integer::sum);
             } catch (Exception e) {
@@ -133,8 +137,13 @@ public final class Driver {
                 errors.merge(e.getClass().getSimpleName(), 1, Integer::sum);
             }
         }
+        long elapsedNanos = System.nanoTime() - began;
+        java.util.Arrays.sort(micros);
         out.put("ok", ok);
         out.put("failed", failed);
+        out.put("per_s", n * 1e9 / Math.max(1, elapsedNanos));
+        out.put("p50_us", n == 0 ? 0 : micros[(int) Math.min(n - 1, Math.floor(0.50 * n))]);
+        out.put("p99_us", n == 0 ? 0 : micros[(int) Math.min(n - 1, Math.floor(0.99 * n))]);
         out.put("by_broker", byBroker);
         out.put("errors", errors);
     }
