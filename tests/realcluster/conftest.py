@@ -45,6 +45,8 @@ def driver(rocketmq: RocketMQCluster, tmp_path: Path) -> Iterator[Callable[..., 
         options.setdefault("group", f"pg-{n}")
         options.setdefault("instance", f"lab-{n}")
         options.setdefault("cluster", "DefaultCluster")
+        # two shared cores under load: a first send (route, connection, JIT) can outlast RocketMQ's 3 s
+        options.setdefault("send_timeout_ms", "15000")
         d = LabDriver(client_version, tmp_path / f"driver-{n}", namesrv=rocketmq.namesrv_addr, **options)
         started.append(d)
         return d

@@ -103,6 +103,22 @@ def test_hook_with_kafka_unreachable_never_stops_sends_and_counts_its_drops(driv
     assert log.count("events dropped so far") == 1, log  # once per interval (60 s), with the total
 
 
+def test_hook_delivers_again_once_kafka_is_back(driver, rmq_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.kafka_local import start_local_kafka
+
+    port = free_port()
+    d = driver("5.3.3", topic=rmq_topic, kafka=f"127.0.0.1:{port}", results_topic="rmq.send-results")
+    assert d.command("send 20")["failed"] == 0  # Kafka is not there yet
+    with start_local_kafka(port=port, topics=["rmq.send-results"], partitions=2, log_dir=tmp_path) as kafka:
+        assert d.command("send 20")["failed"] == 0
+        stats = d.command("flush")
+        assert stats["offered"] == 40 and stats["queued"] == 0, stats
+        assert stats["delivered"] + stats["dropped"] == 40 and stats["delivered"] >= 20, stats
+        values = read_topic(kafka.bootstrap, "rmq.send-results", stats["delivered"])
+        assert len(values) == stats["delivered"]
+        assert all(decode_event("send_result", v)["topic"] == rmq_topic for v in values)
+
+
 def avoidance_list(decided_ms: int, expires_ms: int, avoid: dict[str, int], cycle: str | None = None) -> str:
     entries = [
         {"broker_name": b, "avoid_until_ms": until, "expires_ms": expires_ms, "reason": "open_episode: test",
@@ -167,3 +183,16 @@ def test_feed_client_ignores_an_expired_list(driver, rmq_topic: str) -> None:  #
     assert d.command("feed " + avoidance_list(now - 200_000, now - 1, {"broker-c": now + 60_000}))["accepted"]
     assert items_by_broker(d)["broker-c"]["start_timestamp"] <= before["broker-c"]["start_timestamp"] + 1000
     assert items_by_broker(d)["broker-c"]["start_timestamp"] < now + 1000
+
+
+def test_feed_has_no_effect_when_the_producer_runs_without_latency_fault_tolerance(  # type: ignore[no-untyped-def]
+    driver, rmq_topic: str
+) -> None:
+    d = driver("4.9.8", topic=rmq_topic, feed="stdin", fault_enable="false")
+    assert d.command("send 6")["failed"] == 0
+    now = int(time.time() * 1000)
+    assert d.command("feed " + avoidance_list(now, now + 180_000, {"broker-b": now + 60_000}))["accepted"]
+    sends = d.command("send 30")
+    # the client never reads its fault table with sendLatencyFaultEnable=false: broker-b still gets sends
+    assert sends["failed"] == 0 and sends["by_broker"].get("broker-b", 0) > 0, sends
+    assert "sendLatencyFaultEnable=false" in d.tail(200)

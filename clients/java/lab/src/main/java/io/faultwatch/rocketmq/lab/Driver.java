@@ -135,6 +135,7 @@ public final class Driver {
             } catch (Exception e) {
                 failed++;
                 errors.merge(e.getClass().getSimpleName(), 1, Integer::sum);
+                out.put("last_error", e.toString());
             }
         }
         long elapsedNanos = System.nanoTime() - began;
