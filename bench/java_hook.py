@@ -11,6 +11,7 @@ the throughput, <= 100 us more at p99, no drops while Kafka is up. Nothing here 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,6 +61,7 @@ def main() -> None:
         finally:
             for d in drivers.values():
                 d.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

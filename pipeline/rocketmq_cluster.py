@@ -146,6 +146,7 @@ class RocketMQCluster:
     brokers: dict[str, JavaProcess] = field(default_factory=dict)
     broker_ports: dict[str, int] = field(default_factory=dict)
     version: str = SERVER_VERSION
+    owns_home: bool = False  # a temporary folder start_cluster made: removed by stop()
 
     @property
     def namesrv_addr(self) -> str:
@@ -262,6 +263,8 @@ class RocketMQCluster:
             proc.stop()
         if self.namesrv is not None:
             self.namesrv.stop()
+        if self.owns_home:
+            shutil.rmtree(self.home, ignore_errors=True)
 
     def __enter__(self) -> RocketMQCluster:  # noqa: PYI034 - a dataclass, not meant to be subclassed
         return self
@@ -301,7 +304,8 @@ def start_cluster(
         raise ClusterError(f"brokers must be 1..26, got {brokers}")
     folder = Path(home or tempfile.mkdtemp(prefix="faultwatch-rocketmq-"))
     folder.mkdir(parents=True, exist_ok=True)
-    cluster = RocketMQCluster(folder, free_port(), server_classpath(version), heap_mb, version=version)
+    cluster = RocketMQCluster(folder, free_port(), server_classpath(version), heap_mb, version=version,
+                              owns_home=home is None)
     try:
         cluster.start_namesrv()
         base = _broker_base_port(brokers)
@@ -313,7 +317,3 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
-
-
-def remove_home(cluster: RocketMQCluster) -> None:
-    shutil.rmtree(cluster.home, ignore_errors=True)
