@@ -8,7 +8,7 @@ fallbacks, unchanged. The feed never makes a broker *more* available than local 
 The core (:class:`FeedState`, :func:`apply_message`, :func:`avoided_brokers`, :func:`overlay`) is pure;
 :class:`AvoidanceFeed` is the thin Kafka/file reader (kafka-python imported on use).
 
-Wire format: ``schemas/avoidance.schema.json`` (docs/feed.md shows the Java side).
+Wire format: ``schemas/avoidance.schema.json``; the Java twin is ``clients/java/feed-client`` (docs/feed.md).
 """
 
 from __future__ import annotations

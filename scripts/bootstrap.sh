@@ -64,6 +64,17 @@ if [ "$target" = "test" ] && ! command -v prometheus-alertmanager >/dev/null 2>&
     || die "the alert test needs Debian's prometheus-alertmanager package: apt-get install prometheus-alertmanager"
 fi
 
+# 3d. Maven for the Java clients (clients/java: send hook, feed client, admin poller) and the real
+#     RocketMQ/Kafka jars of the tests (test set only); what Maven fetches is cached in ~/.m2
+if [ "$target" = "test" ] && ! command -v mvn >/dev/null 2>&1; then
+  say "installing Maven (the Java clients and the real-cluster tests)"
+  apt_install maven || die "the Java clients need Maven: apt-get install maven"
+fi
+if [ "$target" = "test" ]; then
+  say "building clients/java (first time: Maven fetches the jars into ~/.m2)"
+  mvn -q -B -f clients/java/pom.xml install -DskipTests || die "building clients/java failed (see Maven's output above)"
+fi
+
 # 4. The project's virtual environment
 case "$target" in
   demo) extras="[demo]" ;;
