@@ -34,7 +34,7 @@ from pipeline.policy import (
     to_jsonable,
 )
 from pipeline.policy.inputs import build_snapshot, previous_state
-from pipeline.publish import alert_state, alertmanager, alerts, lifecycle, sinks, wire
+from pipeline.publish import alert_state, alertmanager, alerts, claim, crash, lifecycle, sinks, wire
 from pipeline.publish.gate import GateResult, run_gate
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def _row(
         "clusters": len(decision.clusters) if decision is not None else 0,
         "avoided": sum(r.action == AVOID for r in recs), "kept_available": sum(r.action != AVOID for r in recs),
         "failed_checks": [], "alerts": 0, "alerts_until_ms": None, "policy_version": cfg.policy.version,
-        "reason": None,
+        "reason": None, "lease_until_ms": None, "claim": None,
     }
     row.update(kw)
     return row
@@ -220,26 +220,82 @@ def history_rows(decision: Decision, cycle_id: str) -> list[dict[str, Any]]:
 
 
 def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
-    """Kafka, then files, then Delta (the cycles row last: it marks the cycle done)."""
+    """Claim the cycle, then Kafka, the files, the history and the ``published`` row (it marks it done)."""
+    return _publish(cfg, inp, decision, gate)[0]
+
+
+def _skipped(cfg: Config, inp: CycleInput, reason: str) -> dict[str, Any]:
+    """A cycle another publisher (or a later cycle) has: say so, with one ``skipped`` row per cycle."""
+    log.warning("%s", reason)
+    if not _has_row(cfg, inp.cycle_number, AVOIDANCE_STEP, "skipped"):
+        sinks.append_rows(cfg.storage.root, "publisher_cycles",
+                          [cycle_row(cfg, inp, None, AVOIDANCE_STEP, "skipped", reason=reason)])
+    return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}
+
+
+def _publish(
+    cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult
+) -> tuple[dict[str, Any], Decision | None]:
     if not gate.success:
         raise ValueError(f"cycle {inp.cycle_id}: refusing to publish a decision that failed validation")
     reason = skip_cycle(cfg, inp.cycle_number, inp.now_ms)
     if reason is not None:
-        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}
-    msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(decision, inp.cycle_id)]
-    sinks.send_records(cfg, cfg.topics.avoidance, msgs)
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}, None
+    sinks.remove_stale_temp_files(cfg.storage.publish_dir)
+    base = cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "claimed")
+    for _ in range(3):  # at most: finish an abandoned older claim, then claim this one
+        verdict = claim.acquire(cfg, inp.cycle_number, base, decision, inp.now_ms)
+        if verdict.finish_first is not None:
+            complete(cfg, verdict.finish_first, time.monotonic() + cfg.publish.send_timeout_s)
+            continue
+        if verdict.claim is None:
+            return _skipped(cfg, inp, f"{describe_cycle(inp.cycle_number)} skipped: {verdict.reason}"), None
+        won = verdict.claim
+        return complete(cfg, won, time.monotonic() + cfg.publish.send_timeout_s), won.decision
+    return _skipped(cfg, inp, f"{describe_cycle(inp.cycle_number)} skipped: other publishers kept claiming first"), None
+
+
+def _failed(cfg: Config, won: claim.Claim, reason: str) -> dict[str, Any]:
+    log.error("%s failed: %s", describe_cycle(won.cycle_number), reason)
+    row = _row(cfg, won.cycle_number, won.decided_ms, won.freshest_ms, won.decision, AVOIDANCE_STEP, "failed",
+               reason=reason, lease_until_ms=won.lease_until_ms)
+    sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
+    return {"cycle_id": str(won.cycle_number), "status": "failed", "clusters": 0, "reason": reason}
+
+
+def complete(cfg: Config, won: claim.Claim, deadline: float) -> dict[str, Any]:
+    """Publish a claimed list: Kafka, then the files (only before ``deadline``, a ``time.monotonic()``),
+    then the history and the ``published`` row, each once; a step that fails leaves a ``failed`` row."""
+    cycle_id = str(won.cycle_number)
+    msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(won.decision, cycle_id)]
+    crash.point("claimed")
+    try:
+        sinks.send_records(cfg, cfg.topics.avoidance, msgs, timeout_s=deadline - time.monotonic())
+    except Exception as exc:  # noqa: BLE001 - every broker failure becomes the cycle's failed row
+        return _failed(cfg, won, f"Kafka {cfg.kafka.bootstrap_servers} topic {cfg.topics.avoidance}: "
+                                 f"{type(exc).__name__}: {exc}")
+    crash.point("sent")
     if cfg.publish.write_files:
-        sinks.write_cluster_files(cfg.storage.publish_dir, msgs)
+        if time.monotonic() > deadline:
+            return _failed(cfg, won, f"publish.send_timeout_s ({cfg.publish.send_timeout_s} s) ran out before the "
+                                     f"files in {cfg.storage.publish_dir} were written")
+        try:
+            sinks.write_cluster_files(cfg.storage.publish_dir, msgs)
+        except OSError as exc:
+            return _failed(cfg, won, f"file {getattr(exc, 'filename', None) or cfg.storage.publish_dir}: "
+                                     f"{exc.strerror or exc}")
+    crash.point("file")
     root, app_id = cfg.storage.root, cfg.publish.app_id
-    rows = history_rows(decision, inp.cycle_id)
+    rows = history_rows(won.decision, cycle_id)
     if rows:
-        sinks.append_once(root, "avoidance_recommendations", rows, app_id, inp.cycle_number)
-    sinks.append_once(
-        root, "publisher_cycles", [cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
-    )
-    log.info("%s published %d cluster list(s), %d avoided", describe_cycle(inp.cycle_number), len(msgs),
-             sum(len(c.avoided()) for c in decision.clusters))
-    return {"cycle_id": inp.cycle_id, "status": "published", "clusters": len(msgs)}
+        sinks.append_once(root, "avoidance_recommendations", rows, app_id, won.cycle_number)
+    crash.point("history")
+    row = _row(cfg, won.cycle_number, won.decided_ms, won.freshest_ms, won.decision, AVOIDANCE_STEP, "published")
+    sinks.append_once(root, "publisher_cycles", [row], app_id, won.cycle_number)
+    crash.point("published")
+    log.info("%s published %d cluster list(s), %d avoided", describe_cycle(won.cycle_number), len(msgs),
+             sum(len(c.avoided()) for c in won.decision.clusters))
+    return {"cycle_id": cycle_id, "status": "published", "clusters": len(msgs)}
 
 
 def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
@@ -317,7 +373,7 @@ def send_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
 @dataclass(frozen=True)
 class CycleReport:
     cycle_id: str
-    status: str  # published | rejected | skipped
+    status: str  # published | rejected | skipped | failed
     gate: GateResult | None
     decision: Decision | None
     alerts: int  # records sent to the alerts topic by the alerts step
@@ -334,7 +390,11 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
         return CycleReport(inp.cycle_id, "skipped", None, None, send_alerts(cfg, inp)["alerts"], reason)
     decision = recommend(inp, cfg)
     gate = validate(inp, decision, cfg)
-    result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
+    if gate.success:
+        result, published = _publish(cfg, inp, decision, gate)
+        decision = published if published is not None else decision
+    else:
+        result = reject(cfg, inp, decision, gate)
     # Alerts last: a slow or unreachable Alertmanager never delays the list producers wait for.
     sent = send_alerts(cfg, inp)["alerts"]
     return CycleReport(inp.cycle_id, result["status"], gate, decision, sent, result.get("reason"))

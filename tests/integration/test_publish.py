@@ -94,8 +94,9 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
     assert json.loads(file.read_bytes()) == want[0][1]
     assert read_table(root, "avoidance_recommendations").to_pylist() == history_rows(expected, str(cycle))
     cycles = read_table(root, "publisher_cycles", columns=["cycle_number", "step", "status", "avoided", "alerts"])
-    assert sorted(cycles.to_pylist(), key=lambda r: r["step"]) == [
+    assert sorted(cycles.to_pylist(), key=lambda r: (r["step"], r["status"])) == [
         {"cycle_number": cycle, "step": "alerts", "status": "sent", "avoided": 0, "alerts": 2},
+        {"cycle_number": cycle, "step": "avoidance", "status": "claimed", "avoided": 1, "alerts": 0},
         {"cycle_number": cycle, "step": "avoidance", "status": "published", "avoided": 1, "alerts": 0},
     ]
     # Alerts: the open episode on b2 and the stalled group, both firing.

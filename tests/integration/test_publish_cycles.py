@@ -78,7 +78,7 @@ def test_a_superseded_cycle_is_skipped_with_its_reason_once(pcfg: Config) -> Non
     assert late.reason is not None and f"cycle {cycle} (" in late.reason and "superseded" in late.reason
     assert same.reason is not None and "already published" in same.reason
     assert [(r["cycle_number"] - cycle, r["status"], r["reason"]) for r in avoidance_rows(pcfg)] == [
-        (-60 * S, "skipped", late.reason), (0, "published", None)]
+        (-60 * S, "skipped", late.reason), (0, "claimed", None), (0, "published", None)]
     assert published_cycles(pcfg) == [str(cycle)]
 
 
@@ -97,7 +97,8 @@ def test_a_refused_cycle_records_its_row_and_alert_once_and_blocks_no_later_cycl
     assert (first.status, retry.status, later.status) == ("rejected", "rejected", "published")
     assert first.reason is not None and "failure_rate" in first.reason
     assert [(r["cycle_number"] - cycle, r["status"], r["alerts"]) for r in avoidance_rows(pcfg)] == [
-        (-60 * S, "published", 0), (0, "rejected", 1), (60 * S, "published", 0)]
+        (-60 * S, "claimed", 0), (-60 * S, "published", 0), (0, "rejected", 1), (60 * S, "claimed", 0),
+        (60 * S, "published", 0)]
     alerts = [a for _, a in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
               if a["kind"] == "avoidance_validation_failed"]
     assert [a["alert_id"] for a in alerts] == [f"avoidance_gate|{cycle}"]
