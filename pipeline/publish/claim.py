@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.deltaio import read_table, table_uri
+from pipeline.deltaio import read_table
 from pipeline.policy import Decision, decision_from_jsonable, to_jsonable
-from pipeline.publish import crash
+from pipeline.publish import crash, sinks
 from schemas.tables import table
 
 TABLE = "publisher_cycles"
@@ -80,22 +80,8 @@ def final_status(cfg: Config, number: int, lease_until_ms: int | None = None) ->
 
 
 def _snapshot(cfg: Config) -> tuple[Any, int | None]:
-    """The table as one snapshot (created empty first if need be) and the last claimed cycle in it.
-
-    A claim must be committed on the snapshot it was decided on: only then does delta-rs see a
-    concurrent claim and refuse the second.
-    """
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError
-
-    uri = table_uri(cfg.storage.root, TABLE)
-    if not DeltaTable.is_deltatable(uri):
-        try:
-            DeltaTable.create(uri, schema=table(TABLE).arrow_schema(), mode="ignore")
-        except DeltaError:  # another publisher created it at the same moment
-            if not DeltaTable.is_deltatable(uri):
-                raise
-    dt = DeltaTable(uri)
+    """The table as one snapshot and the last claimed cycle in it (see :func:`sinks.open_table`)."""
+    dt = sinks.open_table(cfg.storage.root, TABLE)
     version = dt.transaction_version(claim_app_id(cfg))
     return dt, None if version is None else int(version)
 

@@ -136,19 +136,47 @@ def committed_version(root: str, name: str, app_id: str) -> int | None:
     return None if version is None else int(version)
 
 
+def open_table(root: str, name: str) -> Any:
+    """Table ``name`` as one snapshot (a ``DeltaTable``), created empty first if it does not exist.
+
+    A conditional append must be committed on the snapshot its condition was read in: only then
+    does delta-rs refuse it when another writer committed the same app id meanwhile.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    uri = table_uri(root, name)
+    if not DeltaTable.is_deltatable(uri):
+        try:
+            DeltaTable.create(uri, schema=table(name).arrow_schema(), mode="ignore",
+                              partition_by=list(table(name).partition_by) or None)
+        except DeltaError:  # another writer created it at the same moment
+            if not DeltaTable.is_deltatable(uri):
+                raise
+    return DeltaTable(uri)
+
+
 def append_once(root: str, name: str, rows: list[dict[str, Any]], app_id: str, version: int) -> bool:
     """Append ``rows`` to table ``name`` unless ``app_id`` already committed ``version`` or later.
 
-    Returns whether it appended. The transaction rides in the same commit as the rows, so a crash
-    leaves either both or neither.
+    Returns whether it appended (False also when a concurrent writer committed ``app_id`` first).
+    The transaction rides in the same commit as the rows, so a crash leaves either both or neither.
     """
     from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
 
-    done = committed_version(root, name, app_id)
-    if done is not None and done >= version:
-        return False
-    _append(root, name, rows, CommitProperties(app_transactions=[Transaction(app_id, version)]))
-    return True
+    for _ in range(3):
+        snapshot = open_table(root, name)
+        done = snapshot.transaction_version(app_id)
+        if done is not None and int(done) >= version:
+            return False
+        try:
+            _append(root, name, rows, CommitProperties(app_transactions=[Transaction(app_id, version)]), snapshot)
+            return True
+        except CommitFailedError:
+            continue  # someone committed meanwhile: read again
+    raise RuntimeError(f"table {table_uri(root, name)}: could not append for {app_id!r} {version} "
+                       "(three concurrent commits in a row)")
 
 
 def append_rows(root: str, name: str, rows: list[dict[str, Any]]) -> None:
@@ -159,13 +187,13 @@ def append_rows(root: str, name: str, rows: list[dict[str, Any]]) -> None:
     _append(root, name, rows, None)
 
 
-def _append(root: str, name: str, rows: list[dict[str, Any]], commit: Any) -> None:
+def _append(root: str, name: str, rows: list[dict[str, Any]], commit: Any, snapshot: Any = None) -> None:
     from deltalake import write_deltalake
 
     spec = table(name)
     data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
     write_deltalake(
-        table_uri(root, name),
+        table_uri(root, name) if snapshot is None else snapshot,
         data,
         mode="append",
         partition_by=list(spec.partition_by) or None,

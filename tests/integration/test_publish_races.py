@@ -119,3 +119,29 @@ def test_a_publisher_killed_at_each_point_is_finished_by_a_re_run(pcfg: Config, 
     before = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)
     assert run_cycle(pcfg, cycle_number=cycle, at_ms=later + S).status == "skipped"
     assert read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance) == before
+
+
+@pytest.mark.parametrize("point", ["alerts_state", "alerts_sent"])
+def test_alerts_killed_between_state_and_sends_keep_their_start_on_a_re_run(
+    pcfg: Config, tmp_path: Path, point: str
+) -> None:
+    now = int(time.time() * 1000)
+    write_inputs(pcfg.storage.root, now)  # b2's episode is open: one broker alert fires
+    conf = write_config(str(tmp_path / "fw.toml"), pcfg)
+    cycle = cycle_number_for(now, 60.0)
+
+    rc, out = finish(start_publisher(conf, cycle, **{ENV: point}))
+    assert rc == -9, out
+    [saved] = read_table(pcfg.storage.root, "alert_state", columns=["alert_id", "starts_ms", "cycle_ms"]).to_pylist()
+    assert saved["alert_id"] == "broker_fault|c1|b2|open" and saved["starts_ms"] == saved["cycle_ms"]
+
+    again = run_cycle(pcfg, cycle_number=cycle, at_ms=saved["starts_ms"] + 20 * S)
+    assert again.status == "skipped" and again.alerts == 1  # the list went out; the alerts are finished
+
+    records = [a for _, a in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)]
+    assert {(a["alert_id"], a["status"], a["starts_ms"], a["cycle_id"]) for a in records} == {
+        ("broker_fault|c1|b2|open", "firing", saved["starts_ms"], str(cycle))}
+    assert len(records) == (1 if point == "alerts_state" else 2)  # a repeat of the same record at most
+    rows = read_table(pcfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status", "alerts"])
+    assert [r for r in rows.to_pylist() if r["step"] == "alerts"] == [
+        {"cycle_number": cycle, "step": "alerts", "status": "sent", "alerts": 1}]
