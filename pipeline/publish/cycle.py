@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.deltaio import read_table
+from pipeline.deltaio import read_table, table_uri
 from pipeline.policy import (
     AVOID,
     Decision,
@@ -98,6 +98,17 @@ def _date(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d")
 
 
+class TableError(RuntimeError):
+    """A table the cycle needs cannot be read: the message names it and its location."""
+
+
+def _read(root: str, name: str, **kw: Any) -> Any:
+    try:
+        return read_table(root, name, **kw)
+    except Exception as exc:
+        raise TableError(f"table {name} ({table_uri(root, name)}): {type(exc).__name__}: {exc}") from exc
+
+
 def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> CycleInput:
     """Read the current views the policy needs (bounded by time where the tables allow it)."""
     now = now_ms() if at_ms is None else at_ms
@@ -105,16 +116,16 @@ def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> Cyc
     seen_from = now - int(pol.broker_seen_s * 1000)
     window_from = now - int(pol.repeat_period_s * 1000)
     # Episodes are few and must be read whole: a filter on one revision would hide a later one.
-    episodes = read_table(root, "broker_fault_episodes_live")
-    health = read_table(
+    episodes = _read(root, "broker_fault_episodes_live")
+    health = _read(
         root, "broker_health",
         filter=(pc.field("event_date") >= _date(seen_from)) & (pc.field("minute_ms") >= seen_from),
     )
-    windows = read_table(
+    windows = _read(
         root, "producer_fault_windows_live",
         filter=(pc.field("event_date") >= _date(window_from)) & (pc.field("start_ms") >= window_from),
     )
-    previous = previous_state(read_table(root, "avoidance_recommendations"), read_table(root, "publisher_cycles"))
+    previous = previous_state(_read(root, "avoidance_recommendations"), _read(root, "publisher_cycles"))
     snapshot = build_snapshot(episodes, health, windows, now, cfg.faults.quorum_counts_shadow_windows)
     return CycleInput(cycle_number, now, snapshot, previous)
 
@@ -362,12 +373,16 @@ def _acknowledged(cfg: Config, cycle_number: int) -> bool:
     return any(r["status"] == "sent" and not (r["reason"] or "").startswith("Alertmanager") for r in rows)
 
 
-def send_alerts(cfg: Config, inp: CycleInput, inputs_failed: bool = False) -> dict[str, Any]:
+def send_alerts(
+    cfg: Config, inp: CycleInput, inputs_failed: bool = False, kafka_down: str | None = None
+) -> dict[str, Any]:
     """One cycle of the alert lifecycle: the new state first (a conditional commit: one publisher per
     cycle, and a re-run after a crash sends what it decided, with the same ``starts_ms``), then every
     active alert and pending resolution to Alertmanager, then the records to the alerts topic.
 
     Neither Alertmanager nor Kafka failing stops the other; the ``alerts`` row says what failed.
+    ``kafka_down``: this cycle already found Kafka unreachable; its records are not tried again, so
+    a cycle waits on a dead broker once, not once per step.
     """
     reason = "publish.publish_alerts is false" if not cfg.publish.publish_alerts else skip_reason(
         cfg, inp.cycle_number, ALERTS_STEP)
@@ -396,6 +411,8 @@ def send_alerts(cfg: Config, inp: CycleInput, inputs_failed: bool = False) -> di
     records = [alerts.lifecycle_record(a, inp.cycle_id, a.sent_ms) for a in records_of]
     problems = ["Alertmanager: " + "; ".join(failures)] if failures else []
     try:
+        if kafka_down is not None and records:
+            raise ConnectionError(f"not tried, the avoidance step found it down ({kafka_down})")
         sinks.send_records(cfg, cfg.topics.alerts, [(k, alerts.encode_alert(r)) for k, r in records])
     except Exception as exc:  # noqa: BLE001 - Alertmanager got them; the row says Kafka did not
         problems.append(f"Kafka {cfg.kafka.bootstrap_servers} topic {cfg.topics.alerts}: {type(exc).__name__}: {exc}")
@@ -466,8 +483,9 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
     inputs_failed = loaded is None
     inp = loaded if loaded is not None else CycleInput(number, now, Snapshot(now), PreviousState())
     # Alerts last: a slow or unreachable Alertmanager never delays the list producers wait for.
+    kafka_down = reason if status == "failed" and (reason or "").startswith("Kafka ") else None
     try:
-        sent = send_alerts(cfg, inp, inputs_failed)["alerts"]
+        sent = send_alerts(cfg, inp, inputs_failed, kafka_down)["alerts"]
     except Exception as exc:  # noqa: BLE001
         record_failure(cfg, number, now, _short(exc), ALERTS_STEP)
         sent = 0
