@@ -32,6 +32,8 @@ ALERT_STATE = TableSpec(
         Field("ends_ms", "int64", nullable=True, doc="set once resolved"),
         Field("sent_ms", "int64", doc="when a record of it last went to the alerts topic"),
         Field("delivered", "bool", doc="resolved: Alertmanager acknowledged the resolution"),
+        Field("cycle_ms", "int64", nullable=True,
+              doc="when the cycle that wrote this state ran: alerts with sent_ms equal to it were its records"),
     ),
 )
 

@@ -35,7 +35,7 @@ AVOIDANCE_RECOMMENDATIONS = TableSpec(
 )
 
 CYCLE_STEPS = ("avoidance", "alerts", "lag_alerts")  # lag_alerts: rows of older versions
-CYCLE_STATUSES = ("published", "rejected", "sent", "skipped")
+CYCLE_STATUSES = ("claimed", "published", "rejected", "sent", "skipped", "failed")
 
 PUBLISHER_CYCLES = TableSpec(
     "publisher_cycles",
@@ -45,7 +45,9 @@ PUBLISHER_CYCLES = TableSpec(
         Field("step", "string", enum=CYCLE_STEPS),
         Field(
             "status", "string", enum=CYCLE_STATUSES,
-            doc="rejected: the gate failed, nothing published; skipped: a later cycle had already published",
+            doc="claimed: this publisher won the cycle (a conditional commit) and is sending it; rejected: the "
+            "gate failed, nothing published; skipped: another publisher or a later cycle had it; failed: the "
+            "step stopped, reason says where",
         ),
         Field("decided_ms", "int64"),
         Field("input_freshest_ms", "int64", nullable=True),
@@ -58,8 +60,12 @@ PUBLISHER_CYCLES = TableSpec(
         Field("policy_version", "string"),
         Field(
             "reason", "string", nullable=True,
-            doc="why the cycle was skipped or rejected; alerts: the Alertmanager instances that failed",
+            doc="why the cycle was skipped, rejected or failed; alerts: the Alertmanager instances that failed",
         ),
+        Field("lease_until_ms", "int64", nullable=True,
+              doc="claimed: the claim holder sends nothing after this; another publisher may finish it later"),
+        Field("claim", "string", nullable=True,
+              doc="claimed: the decision (JSON) of the cycle, so whoever finishes it publishes exactly this"),
     ),
 )
 

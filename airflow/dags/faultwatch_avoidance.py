@@ -46,9 +46,12 @@ def _cycle_time_ms(context: dict[str, Any]) -> int:
 
 
 def _skip(result: dict[str, Any]) -> dict[str, Any]:
-    """A step that did nothing ends its task as skipped, with the reason in the task's log."""
+    """A step that did nothing ends its task as skipped, with the reason in the task's log; a step
+    that failed (its ``failed`` row written) fails its task, so Airflow retries it."""
     if result.get("status") == "skipped":
         raise AirflowSkipException(result.get("reason") or "nothing to do")
+    if result.get("status") == "failed":
+        raise RuntimeError(f"cycle {result.get('cycle_id')} failed: {result.get('reason')}")
     return result
 
 

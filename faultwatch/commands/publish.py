@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("faultwatch.publish")
 
-EXIT_CODES = {"published": 0, "rejected": 3, "skipped": 4}
+EXIT_CODES = {"published": 0, "rejected": 3, "skipped": 4, "failed": 5}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Read the silver Delta tables, decide which brokers producers should avoid, validate the list "
             "with Great Expectations, and publish it (Kafka topic, one JSON file per cluster, Delta history). "
             "Re-running a cycle publishes nothing twice. Exit code 0: published; 3: validation failed, "
-            "nothing published, an alert was sent; 4: skipped (this cycle, or one at or after its time, "
-            "was already published), with the reason printed."
+            "nothing published, an alert was sent; 4: skipped (this cycle was already published, or "
+            "another publisher or a later cycle has it), with the reason printed; 5: failed (the broker, "
+            "file or table is named)."
         ),
     )
     add_config_arg(p)
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _print_report(report: CycleReport) -> None:
     line = f"cycle {report.cycle_id}: {report.status}"
-    if report.status == "skipped":
+    if report.status in ("skipped", "failed"):
         line += f" ({report.reason})"
     if report.decision is not None:
         avoided = [f"{r.cluster}/{r.broker_name}" for r in report.decision.recommendations() if r.action == "avoid"]

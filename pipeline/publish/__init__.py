@@ -7,22 +7,21 @@ Alertmanager. Entry points: :func:`run_cycle` (CLI) and the
 step functions the Airflow DAG calls one per task.
 """
 
+from pipeline.publish.alert_step import send_alerts
 from pipeline.publish.cycle import (
     CycleInput,
-    CycleReport,
     already_done,
     cycle_number_for,
     load_inputs,
     publish,
     recommend,
     reject,
-    run_cycle,
-    send_alerts,
     skip_cycle,
     skip_reason,
     validate,
 )
 from pipeline.publish.gate import GateResult, run_gate
+from pipeline.publish.run import CycleReport, run_cycle
 
 __all__ = [
     "CycleInput",

@@ -20,8 +20,8 @@ from pipeline.publish.lifecycle import Alert
 TABLE = "alert_state"
 
 
-def to_row(alert: Alert, cycle_number: int) -> dict[str, Any]:
-    return {
+def to_row(alert: Alert, cycle_number: int, cycle_ms: int | None = None) -> dict[str, Any]:
+    return {"cycle_ms": cycle_ms,
         "cycle_number": cycle_number, "alert_id": alert.alert_id, "kind": alert.kind, "severity": alert.severity,
         "cluster": alert.cluster, "labels": json.dumps(dict(alert.labels), sort_keys=True),
         "summary": alert.summary, "details": json.dumps(dict(alert.details), sort_keys=True, default=str),
@@ -40,13 +40,21 @@ def from_row(row: dict[str, Any]) -> Alert:
 
 def load(root: str, app_id: str) -> tuple[Alert, ...]:
     """The state the last committed cycle left (empty before the first)."""
+    return load_cycle(root, app_id)[1]
+
+
+def load_cycle(root: str, app_id: str) -> tuple[int | None, tuple[Alert, ...], tuple[Alert, ...]]:
+    """(last committed cycle, its state, the alerts that cycle sent as records)."""
     last = sinks.committed_version(root, TABLE, app_id)
     if last is None:
-        return ()
-    rows = read_table(root, TABLE, filter=pc.field("cycle_number") == last).to_pylist()
-    return tuple(from_row(r) for r in sorted(rows, key=lambda r: r["alert_id"]))
+        return None, (), ()
+    rows = sorted(read_table(root, TABLE, filter=pc.field("cycle_number") == last).to_pylist(),
+                  key=lambda r: r["alert_id"])
+    state = tuple(from_row(r) for r in rows)
+    sent = tuple(from_row(r) for r in rows if r.get("cycle_ms") is not None and r["sent_ms"] == r["cycle_ms"])
+    return last, state, sent
 
 
-def save(root: str, app_id: str, alerts: Sequence[Alert], cycle_number: int) -> bool:
-    """Commit this cycle's state once (False: a cycle at or after it already did)."""
-    return sinks.append_once(root, TABLE, [to_row(a, cycle_number) for a in alerts], app_id, cycle_number)
+def save(root: str, app_id: str, alerts: Sequence[Alert], cycle_number: int, cycle_ms: int | None = None) -> bool:
+    """Commit this cycle's state once (False: this cycle or a later one already did, maybe concurrently)."""
+    return sinks.append_once(root, TABLE, [to_row(a, cycle_number, cycle_ms) for a in alerts], app_id, cycle_number)

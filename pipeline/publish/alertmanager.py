@@ -27,8 +27,10 @@ def _iso(ms: int) -> str:
 
 
 def labels(alert: Alert) -> dict[str, str]:
+    """The alert's Alertmanager identity: for brokers and groups exactly the label set of the shipped
+    Prometheus rule of the same name (no label of our own), so both paths make one alert."""
     out = {"alertname": ALERT_NAMES[alert.kind], "cluster": alert.cluster, "severity": alert.severity,
-           "source": "faultwatch", **{k: str(v) for k, v in alert.labels.items()}}
+           **{k: str(v) for k, v in alert.labels.items()}}
     return {k: v for k, v in out.items() if v}  # an empty label is no label
 
 
@@ -40,6 +42,7 @@ def payload(alert: Alert) -> dict[str, Any]:
             "summary": alert.summary,
             "description": json.dumps(dict(alert.details), sort_keys=True, default=str),
             "alert_id": alert.alert_id,
+            "source": "faultwatch publisher",
         },
         "startsAt": _iso(alert.starts_ms),
     }

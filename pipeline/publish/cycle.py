@@ -1,7 +1,9 @@
-"""One publisher cycle: load → recommend → validate → publish (or reject), plus the alerts.
+"""The avoidance step of a cycle: load → recommend → validate → publish (or reject).
 
 The steps are separate functions so the Airflow DAG runs each as a task and ``faultwatch publish``
-runs them in a row (:func:`run_cycle`). Values between steps are JSON-able (XCom).
+runs them in a row (:mod:`pipeline.publish.run`; the alerts are :mod:`pipeline.publish.alert_step`).
+Values between steps are JSON-able (XCom). Who publishes a cycle is decided by a claim
+(:mod:`pipeline.publish.claim`) before anything is sent.
 
 A cycle's identity (``cycle_number``) is its logical time in ms: the DAG run's logical time, or
 ``now`` aligned down to ``publish.interval_s``. It is the Delta transaction version of the cycle's
@@ -22,7 +24,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.deltaio import read_table
+from pipeline.deltaio import read_table, table_uri
 from pipeline.policy import (
     AVOID,
     Decision,
@@ -34,7 +36,7 @@ from pipeline.policy import (
     to_jsonable,
 )
 from pipeline.policy.inputs import build_snapshot, previous_state
-from pipeline.publish import alert_state, alertmanager, alerts, lifecycle, sinks, wire
+from pipeline.publish import alerts, claim, crash, sinks, wire
 from pipeline.publish.gate import GateResult, run_gate
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,17 @@ def _date(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d")
 
 
+class TableError(RuntimeError):
+    """A table the cycle needs cannot be read: the message names it and its location."""
+
+
+def _read(root: str, name: str, **kw: Any) -> Any:
+    try:
+        return read_table(root, name, **kw)
+    except Exception as exc:
+        raise TableError(f"table {name} ({table_uri(root, name)}): {type(exc).__name__}: {exc}") from exc
+
+
 def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> CycleInput:
     """Read the current views the policy needs (bounded by time where the tables allow it)."""
     now = now_ms() if at_ms is None else at_ms
@@ -105,16 +118,16 @@ def load_inputs(cfg: Config, cycle_number: int, at_ms: int | None = None) -> Cyc
     seen_from = now - int(pol.broker_seen_s * 1000)
     window_from = now - int(pol.repeat_period_s * 1000)
     # Episodes are few and must be read whole: a filter on one revision would hide a later one.
-    episodes = read_table(root, "broker_fault_episodes_live")
-    health = read_table(
+    episodes = _read(root, "broker_fault_episodes_live")
+    health = _read(
         root, "broker_health",
         filter=(pc.field("event_date") >= _date(seen_from)) & (pc.field("minute_ms") >= seen_from),
     )
-    windows = read_table(
+    windows = _read(
         root, "producer_fault_windows_live",
         filter=(pc.field("event_date") >= _date(window_from)) & (pc.field("start_ms") >= window_from),
     )
-    previous = previous_state(read_table(root, "avoidance_recommendations"), read_table(root, "publisher_cycles"))
+    previous = previous_state(_read(root, "avoidance_recommendations"), _read(root, "publisher_cycles"))
     snapshot = build_snapshot(episodes, health, windows, now, cfg.faults.quorum_counts_shadow_windows)
     return CycleInput(cycle_number, now, snapshot, previous)
 
@@ -194,7 +207,7 @@ def _row(
         "clusters": len(decision.clusters) if decision is not None else 0,
         "avoided": sum(r.action == AVOID for r in recs), "kept_available": sum(r.action != AVOID for r in recs),
         "failed_checks": [], "alerts": 0, "alerts_until_ms": None, "policy_version": cfg.policy.version,
-        "reason": None,
+        "reason": None, "lease_until_ms": None, "claim": None,
     }
     row.update(kw)
     return row
@@ -220,26 +233,82 @@ def history_rows(decision: Decision, cycle_id: str) -> list[dict[str, Any]]:
 
 
 def publish(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
-    """Kafka, then files, then Delta (the cycles row last: it marks the cycle done)."""
+    """Claim the cycle, then Kafka, the files, the history and the ``published`` row (it marks it done)."""
+    return _publish(cfg, inp, decision, gate)[0]
+
+
+def _skipped(cfg: Config, inp: CycleInput, reason: str) -> dict[str, Any]:
+    """A cycle another publisher (or a later cycle) has: say so, with one ``skipped`` row per cycle."""
+    log.warning("%s", reason)
+    if not _has_row(cfg, inp.cycle_number, AVOIDANCE_STEP, "skipped"):
+        sinks.append_rows(cfg.storage.root, "publisher_cycles",
+                          [cycle_row(cfg, inp, None, AVOIDANCE_STEP, "skipped", reason=reason)])
+    return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}
+
+
+def _publish(
+    cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult
+) -> tuple[dict[str, Any], Decision | None]:
     if not gate.success:
         raise ValueError(f"cycle {inp.cycle_id}: refusing to publish a decision that failed validation")
     reason = skip_cycle(cfg, inp.cycle_number, inp.now_ms)
     if reason is not None:
-        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}
-    msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(decision, inp.cycle_id)]
-    sinks.send_records(cfg, cfg.topics.avoidance, msgs)
+        return {"cycle_id": inp.cycle_id, "status": "skipped", "clusters": 0, "reason": reason}, None
+    sinks.remove_stale_temp_files(cfg.storage.publish_dir)
+    base = cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "claimed")
+    for _ in range(3):  # at most: finish an abandoned older claim, then claim this one
+        verdict = claim.acquire(cfg, inp.cycle_number, base, decision, inp.now_ms)
+        if verdict.finish_first is not None:
+            complete(cfg, verdict.finish_first, time.monotonic() + cfg.publish.send_timeout_s)
+            continue
+        if verdict.claim is None:
+            return _skipped(cfg, inp, f"{describe_cycle(inp.cycle_number)} skipped: {verdict.reason}"), None
+        won = verdict.claim
+        return complete(cfg, won, time.monotonic() + cfg.publish.send_timeout_s), won.decision
+    return _skipped(cfg, inp, f"{describe_cycle(inp.cycle_number)} skipped: other publishers kept claiming first"), None
+
+
+def _failed(cfg: Config, won: claim.Claim, reason: str) -> dict[str, Any]:
+    log.error("%s failed: %s", describe_cycle(won.cycle_number), reason)
+    row = _row(cfg, won.cycle_number, won.decided_ms, won.freshest_ms, won.decision, AVOIDANCE_STEP, "failed",
+               reason=reason, lease_until_ms=won.lease_until_ms)
+    sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
+    return {"cycle_id": str(won.cycle_number), "status": "failed", "clusters": 0, "reason": reason}
+
+
+def complete(cfg: Config, won: claim.Claim, deadline: float) -> dict[str, Any]:
+    """Publish a claimed list: Kafka, then the files (only before ``deadline``, a ``time.monotonic()``),
+    then the history and the ``published`` row, each once; a step that fails leaves a ``failed`` row."""
+    cycle_id = str(won.cycle_number)
+    msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(won.decision, cycle_id)]
+    crash.point("claimed")
+    try:
+        sinks.send_records(cfg, cfg.topics.avoidance, msgs, timeout_s=deadline - time.monotonic())
+    except Exception as exc:  # noqa: BLE001 - every broker failure becomes the cycle's failed row
+        return _failed(cfg, won, f"Kafka {cfg.kafka.bootstrap_servers} topic {cfg.topics.avoidance}: "
+                                 f"{type(exc).__name__}: {exc}")
+    crash.point("sent")
     if cfg.publish.write_files:
-        sinks.write_cluster_files(cfg.storage.publish_dir, msgs)
+        if time.monotonic() > deadline:
+            return _failed(cfg, won, f"publish.send_timeout_s ({cfg.publish.send_timeout_s} s) ran out before the "
+                                     f"files in {cfg.storage.publish_dir} were written")
+        try:
+            sinks.write_cluster_files(cfg.storage.publish_dir, msgs)
+        except OSError as exc:
+            return _failed(cfg, won, f"file {getattr(exc, 'filename', None) or cfg.storage.publish_dir}: "
+                                     f"{exc.strerror or exc}")
+    crash.point("file")
     root, app_id = cfg.storage.root, cfg.publish.app_id
-    rows = history_rows(decision, inp.cycle_id)
+    rows = history_rows(won.decision, cycle_id)
     if rows:
-        sinks.append_once(root, "avoidance_recommendations", rows, app_id, inp.cycle_number)
-    sinks.append_once(
-        root, "publisher_cycles", [cycle_row(cfg, inp, decision, AVOIDANCE_STEP, "published")], app_id, inp.cycle_number
-    )
-    log.info("%s published %d cluster list(s), %d avoided", describe_cycle(inp.cycle_number), len(msgs),
-             sum(len(c.avoided()) for c in decision.clusters))
-    return {"cycle_id": inp.cycle_id, "status": "published", "clusters": len(msgs)}
+        sinks.append_once(root, "avoidance_recommendations", rows, app_id, won.cycle_number)
+    crash.point("history")
+    row = _row(cfg, won.cycle_number, won.decided_ms, won.freshest_ms, won.decision, AVOIDANCE_STEP, "published")
+    sinks.append_once(root, "publisher_cycles", [row], app_id, won.cycle_number)
+    crash.point("published")
+    log.info("%s published %d cluster list(s), %d avoided", describe_cycle(won.cycle_number), len(msgs),
+             sum(len(c.avoided()) for c in won.decision.clusters))
+    return {"cycle_id": cycle_id, "status": "published", "clusters": len(msgs)}
 
 
 def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -> dict[str, Any]:
@@ -263,78 +332,3 @@ def reject(cfg: Config, inp: CycleInput, decision: Decision, gate: GateResult) -
     sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
     log.warning("%s rejected by the gate: %s", describe_cycle(inp.cycle_number), gate.summary())
     return result
-
-
-def alert_conditions(cfg: Config, inp: CycleInput) -> list[lifecycle.Condition]:
-    """The enabled alert conditions that hold at this cycle: episodes from the snapshot, groups from
-    their newest ``group_status`` row within ``alerts.group_lookback_s``, refusals from
-    ``publisher_cycles``."""
-    kinds = cfg.alerts.kinds
-    found = lifecycle.broker_conditions(inp.snapshot.episodes) if lifecycle.BROKER_FAULT in kinds else []
-    if lifecycle.CONSUMER_GROUP in kinds:
-        since = inp.now_ms - int(cfg.alerts.group_lookback_s * 1000)
-        rows = read_table(
-            cfg.storage.root, "group_status",
-            columns=["cluster", "consumer_group", "ts_ms", "status", "alert_reason", "total_lag", "max_time_lag_ms",
-                     "retry_lag", "dlq_lag", "worst_topic", "worst_broker", "worst_queue_id", "worst_owner"],
-            filter=(pc.field("event_date") >= _date(since)) & (pc.field("ts_ms") > since)
-            & (pc.field("ts_ms") <= inp.now_ms),
-        ).to_pylist()
-        found += lifecycle.group_conditions(rows, cfg.lag.time_lag_alert_ms)
-    if lifecycle.AVOIDANCE_REFUSED in kinds:
-        cycles = read_table(
-            cfg.storage.root, "publisher_cycles", columns=["cycle_id", "cycle_number", "step", "status", "failed_checks"],
-            filter=(pc.field("step") == AVOIDANCE_STEP) & pc.field("status").isin(["published", "rejected"]),
-        ).to_pylist()
-        found += lifecycle.refusal_conditions(cycles, cfg.publish.app_id)
-    return found
-
-
-def send_alerts(cfg: Config, inp: CycleInput) -> dict[str, Any]:
-    """One cycle of the alert lifecycle: records to the alerts topic, every active alert and pending
-    resolution to Alertmanager, then the new state (Alertmanager's failures never stop the cycle)."""
-    reason = "publish.publish_alerts is false" if not cfg.publish.publish_alerts else skip_reason(
-        cfg, inp.cycle_number, ALERTS_STEP)
-    if reason is not None:
-        return {"cycle_id": inp.cycle_id, "status": "skipped", "alerts": 0, "reason": reason}
-    root, app_id = cfg.storage.root, alerts_app_id(cfg)
-    step = lifecycle.advance(
-        alert_state.load(root, app_id), alert_conditions(cfg, inp), inp.now_ms,
-        int(cfg.alerts.repeat_interval_s * 1000), int(cfg.alerts.resolution_retry_s * 1000),
-    )
-    records = [alerts.lifecycle_record(a, inp.cycle_id, inp.now_ms) for a in step.records]
-    sinks.send_records(cfg, cfg.topics.alerts, [(k, alerts.encode_alert(r)) for k, r in records])
-    failures = alertmanager.deliver(cfg.alerts.alertmanager_urls, step.to_alertmanager, cfg.alerts.timeout_s)
-    alert_state.save(root, app_id, lifecycle.delivered(step, not failures), inp.cycle_number)
-    firing = sum(a.firing for a in step.alerts)
-    row = cycle_row(cfg, inp, None, ALERTS_STEP, "sent", alerts=len(records),
-                    reason=("Alertmanager: " + "; ".join(failures)) if failures else None)
-    sinks.append_once(root, "publisher_cycles", [row], app_id, inp.cycle_number)
-    return {"cycle_id": inp.cycle_id, "status": "sent", "alerts": len(records), "firing": firing,
-            "alertmanager_failures": failures}
-
-
-@dataclass(frozen=True)
-class CycleReport:
-    cycle_id: str
-    status: str  # published | rejected | skipped
-    gate: GateResult | None
-    decision: Decision | None
-    alerts: int  # records sent to the alerts topic by the alerts step
-    reason: str | None = None  # why it was skipped or rejected
-
-
-def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = None) -> CycleReport:
-    """``faultwatch publish``: the whole cycle in this process."""
-    now = now_ms() if at_ms is None else at_ms
-    number = cycle_number_for(now, cfg.publish.interval_s) if cycle_number is None else cycle_number
-    inp = load_inputs(cfg, number, now)
-    reason = skip_cycle(cfg, number, now)
-    if reason is not None:
-        return CycleReport(inp.cycle_id, "skipped", None, None, send_alerts(cfg, inp)["alerts"], reason)
-    decision = recommend(inp, cfg)
-    gate = validate(inp, decision, cfg)
-    result = publish(cfg, inp, decision, gate) if gate.success else reject(cfg, inp, decision, gate)
-    # Alerts last: a slow or unreachable Alertmanager never delays the list producers wait for.
-    sent = send_alerts(cfg, inp)["alerts"]
-    return CycleReport(inp.cycle_id, result["status"], gate, decision, sent, result.get("reason"))

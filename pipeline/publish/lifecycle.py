@@ -23,14 +23,19 @@ RESOLVED = "resolved"
 BROKER_FAULT = "broker_fault"
 CONSUMER_GROUP = "consumer_lag"
 AVOIDANCE_REFUSED = "avoidance_refused"
+AVOIDANCE_FAILED = "avoidance_failed"  # enabled with AVOIDANCE_REFUSED: either way no list went out
 ALERT_KINDS = (BROKER_FAULT, CONSUMER_GROUP, AVOIDANCE_REFUSED)
 
-# Alertmanager's alertname per kind: what routes and silences match on.
+# Alertmanager's alertname per kind: what routes and silences match on. Brokers and groups use the
+# names and labels of the Prometheus rules in deploy/prometheus/faultwatch-rules.yml, so Alertmanager
+# sees one alert (one fingerprint) whichever path raised it.
 ALERT_NAMES = {
-    BROKER_FAULT: "FaultwatchBrokerFault",
-    CONSUMER_GROUP: "FaultwatchConsumerGroupLagging",
+    BROKER_FAULT: "FaultwatchBrokerFaultEpisode",
+    CONSUMER_GROUP: "FaultwatchConsumerGroupNotOK",
     AVOIDANCE_REFUSED: "FaultwatchAvoidanceRefused",
+    AVOIDANCE_FAILED: "FaultwatchAvoidanceFailed",
 }
+TIME_LAG_ALERT_NAME = "FaultwatchConsumerGroupTimeLag"  # a group whose status is fine but is too far behind
 GROUP_ALERT_STATUSES = ("WARN", "STOP", "STALL", "REWIND")
 
 
@@ -42,7 +47,7 @@ class Condition:
     kind: str
     severity: str
     cluster: str  # "" for the publisher's own alerts
-    labels: Mapping[str, str]  # identity labels besides alertname/cluster/severity (stable while it lasts)
+    labels: Mapping[str, str]  # identity labels besides cluster/severity (an "alertname" here overrides the kind's)
     summary: str
     details: Mapping[str, Any] = field(default_factory=dict)
 
@@ -132,15 +137,19 @@ def delivered(step: Step, ok: bool) -> tuple[Alert, ...]:
 
 
 def broker_conditions(episodes: Iterable[Episode]) -> list[Condition]:
-    """A broker alerts while one of its episodes is suspected or open (withdrawn ones are gone)."""
+    """A broker alerts while one of its episodes is suspected or open (withdrawn ones are gone).
+
+    Its identity includes the episode's state, as the Prometheus rule's labels do: from suspected
+    to open, the suspected alert resolves and the open one fires.
+    """
     out: dict[str, Condition] = {}
     for e in sorted(episodes, key=lambda e: (e.cluster, e.broker_name, e.opened_ms)):
         if not e.is_open:
             continue
-        alert_id = f"{BROKER_FAULT}|{e.cluster}|{e.broker_name}"
+        alert_id = f"{BROKER_FAULT}|{e.cluster}|{e.broker_name}|{e.state}"
         word = "suspected" if e.state == "suspected" else "confirmed"
         out[alert_id] = Condition(
-            alert_id, BROKER_FAULT, "critical", e.cluster, {"broker": e.broker_name},
+            alert_id, BROKER_FAULT, "critical", e.cluster, {"broker": e.broker_name, "state": e.state},
             f"broker {e.broker_name} of cluster {e.cluster}: fault episode {word} ({e.reason}), "
             f"{e.peak_avoiding_producers} of {e.active_producers} producers avoiding it",
             {"episode_id": e.episode_id, "state": e.state, "opened_ms": e.opened_ms, "reason": e.reason,
@@ -168,9 +177,13 @@ def group_conditions(rows: Iterable[Mapping[str, Any]], time_lag_bound_ms: int) 
         why = [f"status {r['status']}"] if r["status"] in GROUP_ALERT_STATUSES else []
         if over is not None:
             why.append(f"time lag {over / 1000:.0f} s over {time_lag_bound_ms / 1000:.0f} s")
-        severity = "critical" if r["status"] in ("STOP", "STALL", "REWIND") else "warning"
+        # the Prometheus rules' labels: FaultwatchConsumerGroupNotOK by status, else the time-lag rule
+        if r["status"] in GROUP_ALERT_STATUSES:
+            alert_id, labels = f"{CONSUMER_GROUP}|{cluster}|{group}|{r['status']}", {"group": group, "status": r["status"]}
+        else:
+            alert_id, labels = f"{CONSUMER_GROUP}|{cluster}|{group}|time_lag", {"alertname": TIME_LAG_ALERT_NAME, "group": group}
         out.append(Condition(
-            f"{CONSUMER_GROUP}|{cluster}|{group}", CONSUMER_GROUP, severity, cluster, {"consumer_group": group},
+            alert_id, CONSUMER_GROUP, "warning", cluster, labels,
             f"consumer group {group} of cluster {cluster} is lagging: {', '.join(why)}"
             + (f" ({r['alert_reason']})" if r.get("alert_reason") else ""),
             {k: r.get(k) for k in ("consumer_group", "status", "ts_ms", "total_lag", "max_time_lag_ms", "retry_lag", "dlq_lag",
@@ -180,16 +193,25 @@ def group_conditions(rows: Iterable[Mapping[str, Any]], time_lag_bound_ms: int) 
 
 
 def refusal_conditions(cycles: Iterable[Mapping[str, Any]], publisher: str) -> list[Condition]:
-    """The publisher alerts while its newest decided avoidance cycle was refused by validation.
+    """The publisher alerts while its newest decided avoidance cycle was refused by validation, or failed.
 
     ``cycles`` are ``publisher_cycles`` rows; a later ``published`` cycle resolves it.
     """
-    decided = [r for r in cycles if r["step"] == "avoidance" and r["status"] in ("published", "rejected")]
+    decided = [r for r in cycles if r["step"] == "avoidance" and r["status"] in ("published", "rejected", "failed")]
     if not decided:
         return []
-    last = max(decided, key=lambda r: r["cycle_number"])
-    if last["status"] != "rejected":
+    newest = max(r["cycle_number"] for r in decided)
+    last_rows = [r for r in decided if r["cycle_number"] == newest]
+    if any(r["status"] == "published" for r in last_rows):
         return []
+    last = last_rows[-1]
+    if last["status"] == "failed":
+        return [Condition(
+            f"{AVOIDANCE_FAILED}|{publisher}", AVOIDANCE_FAILED, "critical", "", {"publisher": publisher},
+            f"avoidance publisher {publisher}: cycle {last['cycle_id']} failed, nothing published: "
+            f"{last.get('reason') or 'see publisher_cycles'}; producers keep the last list until it expires",
+            {"cycle_id": last["cycle_id"], "reason": last.get("reason")},
+        )]
     failed = list(last.get("failed_checks") or [])
     return [Condition(
         f"{AVOIDANCE_REFUSED}|{publisher}", AVOIDANCE_REFUSED, "critical", "", {"publisher": publisher},

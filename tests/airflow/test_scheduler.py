@@ -233,6 +233,11 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
                if m["cycle_id"] == str(row["cycle_number"])]
     [(cluster, message)] = records
     assert cluster == "DefaultCluster" and message["schema"] == "faultwatch.avoidance/1"
+    # The content, not just a list: the scenario's outage on broker-b (of 4 brokers) is still open
+    # when the run decides, so broker-b, and only it, is avoided; at most half the brokers may be.
+    assert (message["brokers_known"], message["max_avoid"], message["capped"]) == (4, 2, False)
+    assert [(e["broker_name"], e["reason"].split(":")[0]) for e in message["avoid"]] == [("broker-b", "open_episode")]
+    assert message["avoid"][0]["avoid_until_ms"] > message["decided_ms"]
     file = Path(cfg.storage.publish_dir) / "DefaultCluster.json"
     on_disk = json.loads(file.read_bytes())
     assert on_disk["cycle_id"] >= message["cycle_id"] and on_disk["cluster"] == "DefaultCluster"

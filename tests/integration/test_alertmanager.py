@@ -138,8 +138,8 @@ def active_alerts(url: str) -> dict[str, dict[str, Any]]:
     out = {}
     for a in alerts:
         labels = a["labels"]
-        key = labels.get("broker") or labels.get("consumer_group")
-        out[f"{labels['alertname']}/{key}"] = a
+        key = labels.get("broker") or labels.get("group")
+        out[f"{labels['alertname']}/{key}/{labels.get('state') or labels.get('status')}"] = a
     return out
 
 
@@ -168,23 +168,28 @@ def test_alerts_fire_once_stay_active_and_resolve_in_alertmanager(  # type: igno
     # Cycles a minute apart, ending now: Alertmanager compares endsAt with its own clock.
     t0, t1, t2, t3 = (now - 180 * S, now - 120 * S, now - 60 * S, now)
     opened = t0 - 20 * S
-    broker, group = "FaultwatchBrokerFault/b2", "FaultwatchConsumerGroupLagging/GID_orders"
+    # The names and labels of the shipped Prometheus rules (deploy/prometheus), so Alertmanager takes
+    # the publisher's alert and the rule's as one; the episode's state is part of the identity.
+    suspected, broker = "FaultwatchBrokerFaultEpisode/b2/suspected", "FaultwatchBrokerFaultEpisode/b2/open"
+    group = "FaultwatchConsumerGroupNotOK/GID_orders/STALL"
 
     # The outage: suspected, then confirmed; the group stalls.
     inputs(root, t0, "suspected", "STALL", 0, opened)
     assert run_cycle(cfg, cycle_number=t0, at_ms=t0).status == "published"
     first = active_alerts(url)
-    assert sorted(first) == [broker, group]
-    assert first[broker]["labels"] == {"alertname": "FaultwatchBrokerFault", "cluster": "c1", "severity": "critical",
-                                       "source": "faultwatch", "broker": "b2"}
-    assert first[broker]["status"]["state"] == "active"
-    assert "suspected" in first[broker]["annotations"]["summary"]
+    assert sorted(first) == [suspected, group]
+    assert first[suspected]["labels"] == {"alertname": "FaultwatchBrokerFaultEpisode", "cluster": "c1",
+                                          "severity": "critical", "broker": "b2", "state": "suspected"}
+    assert first[group]["labels"] == {"alertname": "FaultwatchConsumerGroupNotOK", "cluster": "c1",
+                                      "severity": "warning", "group": "GID_orders", "status": "STALL"}
+    assert first[suspected]["status"]["state"] == "active"
+    assert "suspected" in first[suspected]["annotations"]["summary"]
 
     inputs(root, t1, "open", "STALL", 1, opened)
     assert run_cycle(cfg, cycle_number=t1, at_ms=t1).status == "published"
     second = active_alerts(url)
-    assert sorted(second) == [broker, group]  # the same alerts (same labels), re-sent
-    assert second[broker]["startsAt"] == first[broker]["startsAt"]
+    assert sorted(second) == [broker, group]  # suspected resolved, open fired (as the rule's series would)
+    assert second[group]["startsAt"] == first[group]["startsAt"]  # the same alert (same labels), re-sent
     assert "confirmed" in second[broker]["annotations"]["summary"]
 
     # Recovery while Alertmanager is unreachable: the cycle still publishes and logs once.
@@ -207,8 +212,10 @@ def test_alerts_fire_once_stay_active_and_resolve_in_alertmanager(  # type: igno
     # The alerts topic: each alert fired once (repeat interval 5 min) and resolved once.
     records = [a for _, a in read_topic(cfg.kafka.bootstrap_servers, cfg.topics.alerts)]
     assert sorted((a["alert_id"], a["status"], a["starts_ms"], a["ends_ms"]) for a in records) == [
-        ("broker_fault|c1|b2", "firing", t0, None), ("broker_fault|c1|b2", "resolved", t0, t2),
-        ("consumer_lag|c1|GID_orders", "firing", t0, None), ("consumer_lag|c1|GID_orders", "resolved", t0, t2),
+        ("broker_fault|c1|b2|open", "firing", t1, None), ("broker_fault|c1|b2|open", "resolved", t1, t2),
+        ("broker_fault|c1|b2|suspected", "firing", t0, None), ("broker_fault|c1|b2|suspected", "resolved", t0, t1),
+        ("consumer_lag|c1|GID_orders|STALL", "firing", t0, None),
+        ("consumer_lag|c1|GID_orders|STALL", "resolved", t0, t2),
     ]
     cycles = read_table(root, "publisher_cycles", columns=["cycle_number", "step", "reason"]).to_pylist()
     failed = [r["cycle_number"] for r in cycles if r["step"] == "alerts" and r["reason"]]

@@ -14,12 +14,9 @@ from deltalake import DeltaTable
 
 from pipeline.config import Config
 from pipeline.deltaio import latest_revision, read_table
-from pipeline.policy import PreviousState, decide
 from pipeline.producer import AvoidanceFeed
-from pipeline.publish import load_inputs, run_cycle
-from pipeline.publish.cycle import history_rows
+from pipeline.publish import run_cycle
 from pipeline.publish.sinks import safe_file_name
-from pipeline.publish.wire import encode, messages
 
 # The row builders and the topic reader are shared with the DAG tests (tests/airflow is no package:
 # a folder named airflow must not shadow the real one).
@@ -82,27 +79,42 @@ def test_cycle_publishes_the_decision_everywhere_once(pcfg: Config) -> None:
 
     report = run_cycle(pcfg, cycle_number=cycle, at_ms=now)
 
-    # The policy's own verdict, from the same inputs: b2 (open episode, 3 producers avoiding).
-    expected = decide(load_inputs(pcfg, cycle, now).snapshot, PreviousState(), now, pcfg.policy)
-    assert report.status == "published" and report.decision == expected
-    [c1] = expected.clusters
-    assert [(r.broker_name, r.action, r.avoid_until_ms - now, r.evidence.producers_avoiding)
-            for r in c1.recommendations] == [("b2", "avoid", 100 * S, 3)]
-    want = [(k, json.loads(encode(m))) for k, m in messages(expected, str(cycle))]
-    assert read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance) == want
+    # Written out, not derived with the publisher's own functions: b2 has an open episode (opened
+    # 90 s ago) and 3 producers' windows on it; 4 brokers known, at most half avoided; b2's health
+    # minute gives the evidence; the list expires after policy.expiry_s (180 s).
+    episode = f"c1|b2|{now - 90 * S}"
+    want = {
+        "schema": "faultwatch.avoidance/1", "cluster": "c1", "cycle_id": str(cycle), "policy_version": "1",
+        "decided_ms": now, "expires_ms": now + 180 * S, "brokers_known": 4, "max_avoid": 2, "capped": False,
+        "avoid": [{"broker_name": "b2", "avoid_until_ms": now + 100 * S, "expires_ms": now + 180 * S,
+                   "reason": "open_episode: quorum", "episode_id": episode, "multiplier": 1,
+                   "evidence": {"producers_avoiding": 3, "failure_rate": 0.0, "p99_latency_ms": 12.0}}],
+        "keep_available": [],
+    }
+    assert report.status == "published"
+    assert [(r.broker_name, r.action, r.avoid_until_ms) for r in report.decision.recommendations()] == [
+        ("b2", "avoid", now + 100 * S)]
+    assert read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance) == [("c1", want)]
     file = Path(pcfg.storage.publish_dir) / safe_file_name("c1")
-    assert json.loads(file.read_bytes()) == want[0][1]
-    assert read_table(root, "avoidance_recommendations").to_pylist() == history_rows(expected, str(cycle))
+    assert json.loads(file.read_bytes()) == want
+    history = read_table(root, "avoidance_recommendations")
+    assert history.column_names == [
+        "cycle_id", "cluster", "broker_name", "action", "avoid_until_ms", "expires_ms", "reason", "episode_id",
+        "producers_avoiding", "failure_rate", "p99_latency_ms", "multiplier", "policy_version", "decided_ms"]
+    assert [tuple(r.values()) for r in history.to_pylist()] == [
+        (str(cycle), "c1", "b2", "avoid", now + 100 * S, now + 180 * S, "open_episode: quorum", episode,
+         3, 0.0, 12.0, 1, "1", now)]
     cycles = read_table(root, "publisher_cycles", columns=["cycle_number", "step", "status", "avoided", "alerts"])
-    assert sorted(cycles.to_pylist(), key=lambda r: r["step"]) == [
+    assert sorted(cycles.to_pylist(), key=lambda r: (r["step"], r["status"])) == [
         {"cycle_number": cycle, "step": "alerts", "status": "sent", "avoided": 0, "alerts": 2},
+        {"cycle_number": cycle, "step": "avoidance", "status": "claimed", "avoided": 1, "alerts": 0},
         {"cycle_number": cycle, "step": "avoidance", "status": "published", "avoided": 1, "alerts": 0},
     ]
     # Alerts: the open episode on b2 and the stalled group, both firing.
     fired = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
     assert sorted((k, a["kind"], a["status"], a["alert_id"], a["cycle_id"]) for k, a in fired) == [
-        ("c1", "broker_fault", "firing", "broker_fault|c1|b2", str(cycle)),
-        ("c1", "consumer_lag", "firing", "consumer_lag|c1|GID_orders", str(cycle)),
+        ("c1", "broker_fault", "firing", "broker_fault|c1|b2|open", str(cycle)),
+        ("c1", "consumer_lag", "firing", "consumer_lag|c1|GID_orders|STALL", str(cycle)),
     ]
     assert {a["kind"]: a["details"].get("consumer_group") for _, a in fired}["consumer_lag"] == "GID_orders"
 

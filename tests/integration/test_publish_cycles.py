@@ -40,10 +40,19 @@ def published_cycles(cfg: Config) -> list[str]:
     return [m["cycle_id"] for _, m in read_topic(cfg.kafka.bootstrap_servers, cfg.topics.avoidance)]
 
 
-def test_interval_changes_in_both_directions_keep_publishing(pcfg: Config) -> None:
-    now = int(time.time() * 1000)
+HOUR = 3600 * S
+
+
+@pytest.mark.parametrize(
+    ("offset", "last"),
+    [(100 * S, "published"),  # the hour cycle (next hour's start) is after the 10 s cycle: it publishes
+     (HOUR - 10 * S, "skipped")],  # 70 s later is already past the next hour: the hour cycle is older
+)
+def test_interval_changes_in_both_directions_keep_publishing(pcfg: Config, offset: int, last: str) -> None:
+    # The clock is injected (every run gets its time), so both outcomes are tested whatever the hour.
+    now = int(time.time() * 1000) // HOUR * HOUR + offset
     write_inputs(pcfg.storage.root, now)
-    runs = [(10.0, now), (60.0, now + 60 * S), (10.0, now + 70 * S), (3600.0, now + 3600 * S)]
+    runs = [(10.0, now), (60.0, now + 60 * S), (10.0, now + 70 * S), (3600.0, now + HOUR)]
     for interval, at in runs[:3]:
         write(pcfg.storage.root, "broker_health", [health_row("b1", at)])  # fresh input each cycle
         cfg = pcfg.replace(publish__interval_s=interval)
@@ -53,14 +62,15 @@ def test_interval_changes_in_both_directions_keep_publishing(pcfg: Config) -> No
     interval, at = runs[3]
     write(pcfg.storage.root, "broker_health", [health_row("b1", at)])
     report = run_cycle(pcfg.replace(publish__interval_s=interval), at_ms=at)
-    expected = [str(cycle_number_for(a, i)) for i, a in runs[:3]]
-    assert cycle_number_for(now + 60 * S, 60.0) > int(expected[0]) and int(expected[2]) > int(expected[1])
-    hour = cycle_number_for(at, interval)
-    if hour > int(expected[2]):
-        assert report.status == "published"
-        expected.append(str(hour))
+    # Written out: 10 s, 60 s and 10 s alignments of the three times, then the hour's start.
+    base = now - offset
+    expected = [str(base + offset // (10 * S) * 10 * S), str(base + (offset + 60 * S) // (60 * S) * 60 * S),
+                str(base + (offset + 70 * S) // (10 * S) * 10 * S)]
+    assert report.status == last
+    if last == "published":
+        expected.append(str(base + HOUR))
     else:
-        assert report.status == "skipped" and "superseded" in (report.reason or "")
+        assert report.reason is not None and "superseded" in report.reason
     assert published_cycles(pcfg) == expected
 
 
@@ -78,7 +88,7 @@ def test_a_superseded_cycle_is_skipped_with_its_reason_once(pcfg: Config) -> Non
     assert late.reason is not None and f"cycle {cycle} (" in late.reason and "superseded" in late.reason
     assert same.reason is not None and "already published" in same.reason
     assert [(r["cycle_number"] - cycle, r["status"], r["reason"]) for r in avoidance_rows(pcfg)] == [
-        (-60 * S, "skipped", late.reason), (0, "published", None)]
+        (-60 * S, "skipped", late.reason), (0, "claimed", None), (0, "published", None)]
     assert published_cycles(pcfg) == [str(cycle)]
 
 
@@ -97,7 +107,8 @@ def test_a_refused_cycle_records_its_row_and_alert_once_and_blocks_no_later_cycl
     assert (first.status, retry.status, later.status) == ("rejected", "rejected", "published")
     assert first.reason is not None and "failure_rate" in first.reason
     assert [(r["cycle_number"] - cycle, r["status"], r["alerts"]) for r in avoidance_rows(pcfg)] == [
-        (-60 * S, "published", 0), (0, "rejected", 1), (60 * S, "published", 0)]
+        (-60 * S, "claimed", 0), (-60 * S, "published", 0), (0, "rejected", 1), (60 * S, "claimed", 0),
+        (60 * S, "published", 0)]
     alerts = [a for _, a in read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.alerts)
               if a["kind"] == "avoidance_validation_failed"]
     assert [a["alert_id"] for a in alerts] == [f"avoidance_gate|{cycle}"]

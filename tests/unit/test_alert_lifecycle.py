@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -66,9 +67,9 @@ def episode(state: str, broker: str = "b2", closed: int | None = None) -> Episod
 )
 def test_broker_alert_per_episode_state(state: str, fires: bool) -> None:
     found = broker_conditions([episode(state, closed=150 if state == "closed" else None)])
-    assert [c.alert_id for c in found] == (["broker_fault|c1|b2"] if fires else [])
+    assert [c.alert_id for c in found] == ([f"broker_fault|c1|b2|{state}"] if fires else [])
     if fires:
-        assert found[0].labels == {"broker": "b2"} and found[0].details["state"] == state
+        assert found[0].labels == {"broker": "b2", "state": state} and found[0].details["state"] == state
 
 
 def group(status: str, ts: int = 1_000, time_lag: int | None = 1_000, name: str = "G") -> dict:  # type: ignore[type-arg]
@@ -80,12 +81,12 @@ def group(status: str, ts: int = 1_000, time_lag: int | None = 1_000, name: str 
     ("rows", "expected"),
     [
         ([group("OK")], []),
-        ([group("WARN")], [("consumer_lag|c1|G", "warning")]),
-        ([group("STALL")], [("consumer_lag|c1|G", "critical")]),
-        ([group("STOP")], [("consumer_lag|c1|G", "critical")]),
-        ([group("REWIND")], [("consumer_lag|c1|G", "critical")]),
+        ([group("WARN")], [("consumer_lag|c1|G|WARN", "warning")]),  # the rule's severity for every status
+        ([group("STALL")], [("consumer_lag|c1|G|STALL", "warning")]),
+        ([group("STOP")], [("consumer_lag|c1|G|STOP", "warning")]),
+        ([group("REWIND")], [("consumer_lag|c1|G|REWIND", "warning")]),
         ([group("UNKNOWN")], []),
-        ([group("OK", time_lag=300_001)], [("consumer_lag|c1|G", "warning")]),  # over the bound
+        ([group("OK", time_lag=300_001)], [("consumer_lag|c1|G|time_lag", "warning")]),  # over the bound
         ([group("OK", time_lag=300_000)], []),  # at the bound
         ([group("OK", time_lag=None)], []),
         ([group("STALL", ts=1), group("OK", ts=2)], []),  # the newest row counts
@@ -119,14 +120,14 @@ def test_alertmanager_payload_ends_only_resolved_alerts() -> None:
     s2 = advance(delivered(s1, True), [], 61_500, REPEAT)
     firing, resolved = alertmanager.payload(s1.records[0]), alertmanager.payload(s2.records[0])
     assert firing["labels"] == resolved["labels"] == {
-        "alertname": "FaultwatchBrokerFault", "cluster": "c1", "severity": "critical", "source": "faultwatch",
-        "broker": "b2"}
+        "alertname": "FaultwatchBrokerFaultEpisode", "cluster": "c1", "severity": "critical", "broker": "b2"}
     assert (firing["startsAt"], "endsAt" in firing) == ("1970-01-01T00:00:01.000Z", False)
     assert resolved["endsAt"] == "1970-01-01T00:01:01.500Z"
 
 
 def cycle(n: int, status: str, step: str = "avoidance") -> dict:  # type: ignore[type-arg]
-    return {"cycle_id": str(n), "cycle_number": n, "step": step, "status": status, "failed_checks": ["x"]}
+    return {"cycle_id": str(n), "cycle_number": n, "step": step, "status": status, "failed_checks": ["x"],
+            "reason": "Kafka k:9092 topic t: KafkaTimeoutError" if status == "failed" else None}
 
 
 @pytest.mark.parametrize(
@@ -137,15 +138,25 @@ def cycle(n: int, status: str, step: str = "avoidance") -> dict:  # type: ignore
         ([cycle(1, "published"), cycle(2, "rejected")], True),
         ([cycle(2, "rejected"), cycle(3, "published")], False),  # a later publication resolves it
         ([cycle(2, "rejected"), cycle(3, "sent", step="alerts")], True),
+        ([cycle(2, "failed")], "failed"),  # a failed cycle alerts too, under its own name
+        ([cycle(2, "failed"), cycle(2, "published")], False),  # failed, then finished by a retry
+        ([cycle(2, "failed"), cycle(3, "published")], False),
     ],
 )
-def test_refusal_alert_follows_the_newest_decided_cycle(rows: list[dict], fires: bool) -> None:  # type: ignore[type-arg]
+def test_refusal_alert_follows_the_newest_decided_cycle(rows: list[dict], fires: bool | str) -> None:  # type: ignore[type-arg]
     found = lifecycle.refusal_conditions(rows, "pub")
+    if fires == "failed":
+        assert [(c.alert_id, c.details) for c in found] == [
+            ("avoidance_failed|pub", {"cycle_id": "2", "reason": "Kafka k:9092 topic t: KafkaTimeoutError"})]
+        s = advance((), found, 1_000, REPEAT)
+        assert alertmanager.labels(s.records[0]) == {
+            "alertname": "FaultwatchAvoidanceFailed", "severity": "critical", "publisher": "pub"}
+        return
     assert [c.alert_id for c in found] == (["avoidance_refused|pub"] if fires else [])
     if fires:
         s = advance((), found, 1_000, REPEAT)
         assert alertmanager.labels(s.records[0]) == {
-            "alertname": "FaultwatchAvoidanceRefused", "severity": "critical", "source": "faultwatch", "publisher": "pub"}
+            "alertname": "FaultwatchAvoidanceRefused", "severity": "critical", "publisher": "pub"}
         key, record = alerts.lifecycle_record(s.records[0], "1000", 1_000)
         assert (key, record["cluster"]) == ("faultwatch-publisher", None)
         jsonschema.validate(record, json.loads(ALERT_SCHEMA_PATH.read_text()))
@@ -173,3 +184,35 @@ def test_an_unacknowledged_resolution_is_retried_for_a_bounded_time() -> None:
     assert ids(s3.to_alertmanager) == [("broker_fault|c1|b2", "resolved")]
     s4 = advance(delivered(s3, False), [], 181_000, REPEAT, retry_resolution_ms=120_000)
     assert s4 == lifecycle.Step((), (), ())
+
+
+def rule_identity(name: str) -> tuple[set[str], dict[str, str]]:
+    """The label names an alert of the shipped Prometheus rule ``name`` carries, and its fixed labels."""
+    import re
+
+    import yaml
+
+    rules = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/prometheus/faultwatch-rules.yml").read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == name]
+    by = re.search(r"by \(([^)]*)\)", rule["expr"])
+    assert by is not None, f"{name}: aggregate by its identity labels"
+    names = {n.strip() for n in by.group(1).split(",")} | set(rule["labels"]) | {"alertname"}
+    return names, {"alertname": name, **rule["labels"]}
+
+
+@pytest.mark.parametrize(
+    ("condition", "rule"),
+    [
+        (broker_conditions([episode("open")])[0], "FaultwatchBrokerFaultEpisode"),
+        (broker_conditions([episode("suspected")])[0], "FaultwatchBrokerFaultEpisode"),
+        (group_conditions([group("STALL")], 300_000)[0], "FaultwatchConsumerGroupNotOK"),
+        (group_conditions([group("WARN")], 300_000)[0], "FaultwatchConsumerGroupNotOK"),
+    ],
+)
+def test_publisher_alerts_carry_the_prometheus_rules_identity(condition: Condition, rule: str) -> None:
+    """One alert path: Alertmanager fingerprints labels, so the same fault from the rule and from the
+    publisher must carry exactly the same label names and the rule's fixed values."""
+    names, fixed = rule_identity(rule)
+    labels = alertmanager.labels(advance((), [condition], 1_000, REPEAT).records[0])
+    assert set(labels) == names
+    assert {k: labels[k] for k in fixed} == fixed
