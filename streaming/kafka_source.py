@@ -53,6 +53,32 @@ class KafkaUnavailableError(FaultwatchError, RuntimeError):
     """Kafka could not be reached within ``kafka.connect_timeout_s``."""
 
 
+class UndecodableBatchError(FaultwatchError, RuntimeError):
+    """A fetched record batch could not be unpacked (a codec not installed, corrupt bytes)."""
+
+
+def poll_or_explain(consumer: Any, where: str, **poll: Any) -> Any:
+    """``consumer.poll(**poll)``, with a batch that cannot be unpacked reported by topic, partition
+    and offset (each assigned partition's position, when the poll reads several): such a batch
+    stops the query (its records cannot be read, so neither quarantined) rather than being skipped."""
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, UnsupportedCodecError
+
+    try:
+        return consumer.poll(**poll)
+    except (KafkaConnectionError, KafkaTimeoutError):
+        raise
+    except Exception as exc:  # codec missing, CRC mismatch, bad framing, a decompressor's own error
+        hint = ("install the codec's package (kafka-python's extras lz4, snappy and zstd, which "
+                "faultwatch depends on) into the Python of every Spark worker"
+                if isinstance(exc, UnsupportedCodecError)
+                else "the batch is corrupt or in a format this client cannot read")
+        at = ", ".join(f"{tp.topic}/{tp.partition} at or after offset {consumer.position(tp)}"
+                       for tp in sorted(consumer.assignment()))
+        raise UndecodableBatchError(
+            f"cannot unpack a record batch of {at} ({where}): {type(exc).__name__}: {exc}; {hint}"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class TopicPartitionRange(InputPartition):
     topic: str
@@ -309,7 +335,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Records that arrived since the listing come back and are dropped, all at once: a
             # partition with fetched records still buffered is left out of the next fetch, so
             # taking them one per poll kept its high watermark from renewing for dozens of polls.
-            consumer.poll(timeout_ms=50, max_records=DRAIN_RECORDS)
+            poll_or_explain(consumer, "end offset look-up", timeout_ms=50, max_records=DRAIN_RECORDS)
             polls += 1
             ends = {tp: consumer.highwater(tp) for tp in tps}
             known = all(hw is not None and hw >= listed[tp] for tp, hw in ends.items())
@@ -370,7 +396,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         found: dict = {}
         deadline = time.monotonic() + float(self.options.get("connect_timeout_s", "30"))
         while todo and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=100, max_records=1000).items():
+            polled = poll_or_explain(consumer, "event-time look-up", timeout_ms=100, max_records=1000)
+            for tp, records in polled.items():
                 if tp not in todo:
                     continue
                 key, offset, exact = todo[tp]
@@ -700,7 +727,8 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     last_progress = time.monotonic()
     position = part.start
     while position < part.end:
-        polled = consumer.poll(timeout_ms=500, max_records=1_000).get(tp, [])  # record batches, as a rule
+        polled = poll_or_explain(consumer, f"reading [{part.start}, {part.end})", timeout_ms=500,
+                                 max_records=1_000).get(tp, [])  # record batches, as a rule
         if polled:
             cols = RecordColumns.joined(polled) if isinstance(polled[0], RecordColumns) else RecordColumns.of(polled)
             position = cols.offsets[-1] + 1
