@@ -64,6 +64,12 @@ if [ "$target" = "test" ] && ! command -v prometheus-alertmanager >/dev/null 2>&
     || die "the alert test needs Debian's prometheus-alertmanager package: apt-get install prometheus-alertmanager"
 fi
 
+# 3d. Maven for the Java programs the tests start (Apache Kafka; pipeline/jvm.py) (test set only)
+if [ "$target" = "test" ] && ! command -v mvn >/dev/null 2>&1; then
+  say "installing Maven (resolves Apache Kafka's jars for the tests)"
+  apt_install maven || die "the Kafka tests need Maven to fetch Apache Kafka: apt-get install maven"
+fi
+
 # 4. The project's virtual environment
 case "$target" in
   demo) extras="[demo]" ;;
@@ -86,5 +92,10 @@ fi
 if [ "${FAULTWATCH_CLASS_ARCHIVE:-1}" != "0" ]; then
   "$VENV/bin/python" -m streaming.class_archive \
     || say "no class archive (Spark starts ~4 s slower; it is tried again in the background)"
+fi
+# 6. Apache Kafka's jars for the tests' broker (pipeline/kafka_apache.py): fetched into ~/.m2 now,
+#    so the tests (and a second set-up) need no network.
+if [ "$target" = "test" ]; then
+  "$VENV/bin/python" -m pipeline.kafka_apache || die "could not resolve Apache Kafka's jars through Maven"
 fi
 say "ready ($target)"
