@@ -65,6 +65,10 @@ class KafkaConfig:
     connect_timeout_s: float = 30.0
     # Partitions of the topics that `faultwatch kafka` creates.
     partitions: int = 4
+    # Offsets the job has not read that are gone (deleted by retention, the topic re-created, a broker
+    # restarted empty) stop the query with a message naming them; false records each gap as a
+    # quarantine row (reason "data_loss") and goes on from the oldest offset left.
+    fail_on_data_loss: bool = True
 
     def validate(self) -> None:
         _positive(self, "request_timeout_ms", "connect_timeout_s", "partitions")

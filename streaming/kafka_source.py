@@ -35,6 +35,7 @@ from schemas.errors import FaultwatchError
 from schemas.fields import spark_schema
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, routed_fields
 from streaming.daemon import quiet_pyspark_daemon
+from streaming.kafka_gaps import DataLossError, Gap, fatal_message, find_gaps, gap_entries, gaps_in
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -61,10 +62,21 @@ def poll_or_explain(consumer: Any, where: str, **poll: Any) -> Any:
     """``consumer.poll(**poll)``, with a batch that cannot be unpacked reported by topic, partition
     and offset (each assigned partition's position, when the poll reads several): such a batch
     stops the query (its records cannot be read, so neither quarantined) rather than being skipped."""
-    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, UnsupportedCodecError
+    from kafka.errors import (
+        KafkaConnectionError,
+        KafkaTimeoutError,
+        OffsetOutOfRangeError,
+        UnsupportedCodecError,
+    )
 
     try:
         return consumer.poll(**poll)
+    except OffsetOutOfRangeError as exc:
+        at = ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(consumer.assignment()))
+        raise DataLossError(
+            f"offsets of {at} were deleted while the job read them ({where}): {exc}; the query stops "
+            "(the next run finds the gap and, with kafka.fail_on_data_loss = false, records it)"
+        ) from exc
     except (KafkaConnectionError, KafkaTimeoutError):
         raise
     except Exception as exc:  # codec missing, CRC mismatch, bad framing, a decompressor's own error
@@ -87,6 +99,7 @@ class TopicPartitionRange(InputPartition):
     start: int
     end: int
     settle_ms: int = 0  # the micro-batch's event-time settle point (see ``settle_point``)
+    gap: tuple[int, int, str, int] | None = None  # offsets lost before ``start``: (first, last, cause, when)
 
 
 @dataclass(frozen=True)
@@ -244,7 +257,8 @@ def _client_options(options: dict[str, str]) -> dict[str, Any]:
 
 
 def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
-    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff."""
+    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff. A position out
+    of the partition's range resets to its beginning unless ``extra`` says otherwise."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
@@ -256,9 +270,7 @@ def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
             return KafkaConsumer(
                 group_id=None,
                 enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                **_client_options(options),
-                **extra,
+                **{"auto_offset_reset": "earliest", **_client_options(options), **extra},
             )
         except KafkaError as exc:
             if time.monotonic() + delay > deadline:
@@ -290,6 +302,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.event_time = options.get("event_time") == "true"
         self.delay_ms = int(options.get("watermark_delay_ms", "30000"))
         self.skew_ms = int(options.get("future_skew_ms", "300000"))
+        self.fail_on_data_loss = options.get("fail_on_data_loss", "true") == "true"
 
     # -- driver side -------------------------------------------------------------------------
     def _driver_consumer(self) -> Any:
@@ -352,9 +365,29 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _known_end(self, tp: Any) -> int:
         return self._ends.get(_key(tp.topic, tp.partition), 0)
 
+    def _beginnings(self, keys: Sequence[str]) -> dict[str, int]:
+        """Each partition's oldest offset Kafka still holds."""
+        from kafka import TopicPartition
+
+        if not keys:
+            return {}
+        tps = [TopicPartition(*_split_key(k)) for k in keys]
+        found = self._driver_consumer().beginning_offsets(tps)
+        return {_key(tp.topic, tp.partition): int(found[tp]) for tp in tps}
+
     def initialOffset(self) -> dict:
-        # Everything from each partition's beginning: the bronze tables are the system of record.
-        return {_key(t, p): 0 for t, p in self._partitions_now()}
+        # Everything from each partition's oldest offset: the bronze tables are the system of record.
+        return self._beginnings([_key(t, p) for t, p in self._partitions_now()])
+
+    def _gaps(self, parts: dict, ends: dict[str, int]) -> list[Gap]:
+        """Unread offsets that are gone (see :mod:`streaming.kafka_gaps`): fatal, or returned to record."""
+        known = [k for k in parts if k in ends]
+        gaps = find_gaps({k: int(parts[k]) for k in known}, self._beginnings(known), ends, int(time.time() * 1000))
+        if gaps and self.fail_on_data_loss:
+            raise DataLossError(fatal_message(gaps))
+        for gap in gaps:
+            log.error("data loss (kafka.fail_on_data_loss = false, recorded in quarantine): %s", gap.describe())
+        return gaps
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._end_offsets()
@@ -368,13 +401,16 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # topic deleted and re-created during a --once run is not handled, here or elsewhere.)
         ends = self._end_offsets() if self._target is None else self._target
         parts = partition_offsets(start)
+        gaps = self._gaps(parts, ends)
+        parts.update({g.key: g.resume for g in gaps})
         end = dict(parts)
         for k, v in ends.items():
             end[k] = max(v, parts.get(k, 0))
         if isinstance(limit, ReadMaxRows):
             end = _cap_rows(parts, end, int(limit.max_rows))
-        if end == parts:
+        if end == parts and not gaps:
             return start  # nothing new: the same offset, so Spark runs no batch
+        end.update(gap_entries(gaps))
         if self.event_time:
             ceiling = int(time.time() * 1000) + self.skew_ms - self.delay_ms
             end[SETTLE] = settle_point(start, end, ends, self._event_times, self.delay_ms, ceiling)
@@ -426,11 +462,18 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, so that the last ones to run are short and no core waits long for the stage's end."""
         split = int(self.options.get("split_rows", "0"))
         settle = int(end.get(SETTLE, 0))
+        gaps = gaps_in(end)
         out = []
         for key, stop in sorted(partition_offsets(end).items()):
-            begin = int(start.get(key, 0))
+            gap = gaps.get(key)
+            begin = gap.resume if gap else int(start.get(key, 0))
+            topic, part = _split_key(key)
+            if gap:  # the first range of the partition carries it, even when there is nothing to read
+                lo, hi = split_range(begin, max(begin, int(stop)), split)[0]
+                out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle,
+                                               (gap.first, gap.last, gap.cause, gap.detected_ms)))
+                begin = hi
             if stop > begin:
-                topic, part = _split_key(key)
                 for lo, hi in split_range(begin, int(stop), split):
                     out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle))
         packed = pack_ranges(out, int(self.options.get("pack_rows", "0")), int(self.options.get("min_tasks", "1")))
@@ -456,8 +499,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
             decoder = _decoder(self.options, part.kind, tables)
-            for records in _fetch_range(self.options, part):
-                batch = decoder.decode(part.topic, part.partition, records)
+            batches = (decoder.decode(part.topic, part.partition, records) for records in _fetch_range(self.options, part))
+            for batch in itertools.chain(_gap_rows(decoder, part), batches):
                 yield to_chunks(batch) if chunked else batch
 
     def _read_and_write(self, ranges: Sequence[Any], tables: list[str], root: str) -> Iterator[Any]:
@@ -484,6 +527,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             settle = max(settle, part.settle_ms)
             decoder = _decoder(self.options, part.kind, tables)
             parts: dict[str, list[Any]] = {}
+            for name, rows in itertools.chain.from_iterable(by_table(b).items() for b in _gap_rows(decoder, part)):
+                parts.setdefault(name, []).append(rows)
             for records in _fetch_range(self.options, part):
                 records_read += len(records)
                 split = by_table(decoder.decode(part.topic, part.partition, records))
@@ -515,6 +560,15 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield pa.RecordBatch.from_pydict(listing, schema=_keyed_arrow_schema())
             return
         yield pa.RecordBatch.from_pydict(listing, schema=_chunk_arrow_schema())
+
+
+def _gap_rows(decoder: Any, part: TopicPartitionRange) -> list[Any]:
+    """The quarantine row recording the offsets lost before ``part`` (none if it carries no gap)."""
+    if part.gap is None:
+        return []
+    first, last, cause, when = part.gap
+    gap = Gap(_key(part.topic, part.partition), first, last, part.start, cause, when)
+    return [decoder.gap_row(part.topic, part.partition, first, when, gap.describe())]
 
 
 def _decoder(options: dict[str, str], kind: str, tables: list[str]) -> Any:
@@ -716,6 +770,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
             fetch_max_bytes=64 * 1024 * 1024,
             max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_wait_ms=100,
+            auto_offset_reset="none",  # offsets gone under a planned range: an error, never a silent jump
         )
         install_fast_records(consumer, columns=True)  # if it cannot, polls return ConsumerRecords
         _CONSUMERS[cache_key] = consumer
@@ -774,6 +829,7 @@ def read_events(
         .option("pack_rows", str(cfg.stream.max_events_per_task // 10))
         .option("min_tasks", str(spark.sparkContext.defaultParallelism))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
+        .option("fail_on_data_loss", "true" if cfg.kafka.fail_on_data_loss else "false")
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)
         .option("chunked", "true" if chunked else "false")

@@ -23,6 +23,7 @@ EXPECTED = {
     "pipeline.kafka_apache.ApacheKafkaError": RuntimeError,
     "streaming.kafka_source.KafkaUnavailableError": RuntimeError,
     "streaming.kafka_source.UndecodableBatchError": RuntimeError,
+    "streaming.kafka_gaps.DataLossError": RuntimeError,
     "streaming.session.JavaMissingError": RuntimeError,
     "schemas.fields.Invalid": Exception,
     "pipeline.rocketmq.javalang.JavaException": Exception,
