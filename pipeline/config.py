@@ -69,11 +69,39 @@ class KafkaConfig:
     # restarted empty) stop the query with a message naming them; false records each gap as a
     # quarantine row (reason "data_loss") and goes on from the oldest offset left.
     fail_on_data_loss: bool = True
+    # Where a query without a checkpoint starts: "earliest" (each partition's oldest offset left),
+    # "latest" (only what arrives from then on) or a time (ISO-8601 with a zone, or epoch ms), matched
+    # against Kafka record timestamps. A checkpoint, once there, always wins.
+    starting_offsets: str = "earliest"
+    # "read_committed" skips records of aborted transactions and reads a partition only up to its
+    # last stable offset; "read_uncommitted" reads everything written.
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
 
     def validate(self) -> None:
         _positive(self, "request_timeout_ms", "connect_timeout_s", "partitions")
+        self.starting_position()
         if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
             raise ConfigError("kafka.sasl_mechanism and kafka.sasl_username are required for SASL")
+
+    def starting_position(self) -> str:
+        """``starting_offsets`` as the Kafka source takes it: "earliest", "latest" or epoch ms."""
+        value = self.starting_offsets.strip()
+        if value in ("earliest", "latest"):
+            return value
+        if value.isdigit():
+            return value
+        import datetime as dt
+
+        try:
+            when = dt.datetime.fromisoformat(value)
+        except ValueError:
+            when = None
+        if when is None or when.tzinfo is None:
+            raise ConfigError(
+                f"kafka.starting_offsets must be 'earliest', 'latest', epoch milliseconds or an ISO-8601 time "
+                f"with a zone (e.g. '2026-11-28T06:00:00+00:00'), got {self.starting_offsets!r}"
+            )
+        return str(int(when.timestamp() * 1000))
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for kafka-python clients (secrets unwrapped only here)."""

@@ -253,7 +253,9 @@ class _NoRows(DataSourceReader):
 
 
 def _client_options(options: dict[str, str]) -> dict[str, Any]:
-    return dict(json.loads(options.get(SECRET_OPTION, "{}")))
+    """The kafka-python settings of every consumer the source makes (connection, security, isolation)."""
+    return {**json.loads(options.get(SECRET_OPTION, "{}")),
+            "isolation_level": options.get("isolation_level", "read_committed")}
 
 
 def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
@@ -294,6 +296,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics: dict[str, str] = json.loads(options["topics"])  # topic -> event kind
         self.max_rows = int(options.get("max_rows", "0"))
         self._consumer: Any = None
+        self._stable: dict[Any, int] | None = None  # last stable offsets from fetch responses
+        self.committed_only = _client_options(options)["isolation_level"] == "read_committed"
         self._target: dict[str, int] | None = None  # availableNow: never read past this
         self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
         self.end_polls = 0  # the polls the last look-up of the ends took
@@ -308,11 +312,13 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _driver_consumer(self) -> Any:
         if self._consumer is None:
             from streaming.kafka_records import install as install_fast_records
+            from streaming.kafka_records import track_stable_offsets
 
             self._consumer = _make_consumer(self.options, fetch_max_wait_ms=10, max_partition_fetch_bytes=1)
             # settle_point's look-ups seek into the middle of record batches, and everything before
             # the offset is unpacked too: ~0.3 s per micro-batch with kafka-python's own loop.
             install_fast_records(self._consumer)
+            self._stable = track_stable_offsets(self._consumer)
         return self._consumer
 
     def _partitions_now(self) -> list[tuple[str, int]]:
@@ -357,6 +363,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 break
             if time.monotonic() > deadline:
                 raise KafkaUnavailableError("Kafka did not answer fetches for the partitions' end offsets")
+        if self.committed_only:  # read_committed reads up to the last stable offset, not the high watermark
+            stable = self._stable if self._stable is not None else listed  # (ListOffsets answers it too)
+            ends = {tp: min(hw, stable.get(tp, hw)) for tp, hw in ends.items()}
         out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
         self._ends = out
         self.end_polls = polls
@@ -376,8 +385,23 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {_key(tp.topic, tp.partition): int(found[tp]) for tp in tps}
 
     def initialOffset(self) -> dict:
-        # Everything from each partition's oldest offset: the bronze tables are the system of record.
-        return self._beginnings([_key(t, p) for t, p in self._partitions_now()])
+        """Where a query without a checkpoint starts (``kafka.starting_offsets``): each partition's
+        oldest offset left, its end, or its first record at or after a time (its end if none)."""
+        keys = [_key(t, p) for t, p in self._partitions_now()]
+        how = self.options.get("starting_offsets", "earliest")
+        if how == "earliest":
+            return self._beginnings(keys)
+        ends = self._end_offsets()
+        if how == "latest":
+            return {k: ends[k] for k in keys if k in ends}
+        return self._offsets_at(keys, int(how), ends)
+
+    def _offsets_at(self, keys: Sequence[str], ts_ms: int, ends: dict[str, int]) -> dict:
+        from kafka import TopicPartition
+
+        tps = {k: TopicPartition(*_split_key(k)) for k in keys if k in ends}
+        found = self._driver_consumer().offsets_for_times({tp: ts_ms for tp in tps.values()})
+        return {k: int(found[tp].offset) if found.get(tp) is not None else ends[k] for k, tp in tps.items()}
 
     def _gaps(self, parts: dict, ends: dict[str, int]) -> list[Gap]:
         """Unread offsets that are gone (see :mod:`streaming.kafka_gaps`): fatal, or returned to record."""
@@ -401,6 +425,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # topic deleted and re-created during a --once run is not handled, here or elsewhere.)
         ends = self._end_offsets() if self._target is None else self._target
         parts = partition_offsets(start)
+        parts.update(self._beginnings([k for k in ends if k not in parts]))  # new partitions: from their start
         gaps = self._gaps(parts, ends)
         parts.update({g.key: g.resume for g in gaps})
         end = dict(parts)
@@ -749,7 +774,7 @@ _CONSUMERS: dict[tuple[str, str], Any] = {}
 
 
 def consumer_key(options: dict[str, str], topic: str) -> tuple[str, str]:
-    return options.get(SECRET_OPTION, ""), topic
+    return options.get(SECRET_OPTION, "") + options.get("isolation_level", ""), topic
 
 
 def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[Any]:
@@ -830,6 +855,8 @@ def read_events(
         .option("min_tasks", str(spark.sparkContext.defaultParallelism))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
         .option("fail_on_data_loss", "true" if cfg.kafka.fail_on_data_loss else "false")
+        .option("starting_offsets", cfg.kafka.starting_position())
+        .option("isolation_level", cfg.kafka.isolation_level)
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)
         .option("chunked", "true" if chunked else "false")
