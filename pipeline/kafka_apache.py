@@ -49,16 +49,19 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def _properties(port: int, controller_port: int, data: Path, extra: Mapping[str, object]) -> dict[str, str]:
+def _properties(port: int, controller_port: int, data: Path, extra: Mapping[str, object],
+                listeners: Mapping[str, int]) -> dict[str, str]:
+    more = "".join(f",{name}://127.0.0.1:{p}" for name, p in listeners.items())
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}{more}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}{more}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        + "".join(f",{name}:{name}" for name in listeners),
         "log.dirs": str(data),
         "num.partitions": "1",
         "offsets.topic.replication.factor": "1",
@@ -90,10 +93,16 @@ class ApacheKafka:
     proc: subprocess.Popen[bytes] | None = None
     topics: list[str] = field(default_factory=list)
     owns_home: bool = True
+    listeners: dict[str, int] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
+        """The PLAINTEXT listener (topics, test data); :meth:`listener` gives the others."""
         return f"127.0.0.1:{self.port}"
+
+    def listener(self, name: str) -> str:
+        """The bootstrap address of the extra listener ``name`` (e.g. SASL_SSL)."""
+        return f"127.0.0.1:{self.listeners[name]}"
 
     @property
     def log_path(self) -> Path:
@@ -174,10 +183,10 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join([line for line in text if not line.lstrip().startswith("at ")][-lines:])
 
 
-def _format_storage(classpath: list[Path], config: Path, log_path: Path) -> None:
+def _format_storage(classpath: list[Path], config: Path, log_path: Path, extra: Sequence[str]) -> None:
     cmd = [java_binary(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", os.pathsep.join(map(str, classpath)),
            "kafka.tools.StorageTool", "format", "--config", str(config), "--cluster-id", _cluster_id(),
-           "--standalone", "--ignore-formatted"]
+           "--standalone", "--ignore-formatted", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     with open(log_path, "a") as log:
         log.write(done.stdout + done.stderr)
@@ -194,14 +203,20 @@ def start_apache_kafka(
     client_options: Mapping[str, Any] | None = None,
     heap: str = HEAP,
     timeout_s: float = 60.0,
+    listeners: Sequence[str] = (),
+    format_args: Sequence[str] = (),
 ) -> ApacheKafka:
     """Start a single-node Apache Kafka on loopback and create ``topics`` with ``partitions`` each.
 
     ``extra_properties`` are added to (or replace) the broker's ``server.properties`` (e.g.
     ``log.retention.check.interval.ms``, or listeners of other security protocols; ``port`` then
     names the listener the clients use, and ``client_options`` are the kafka-python settings they
-    need). ``home`` holds the configuration, data and log (a fresh temporary folder if None, deleted
-    by :meth:`ApacheKafka.close`).
+    need). ``listeners`` names further listeners, each on a free port and with the security protocol
+    of its name (``SASL_SSL``, ``SSL``, ``SASL_PLAINTEXT``; their settings go in ``extra_properties``,
+    the address is ``.listener(name)``); the clients' PLAINTEXT listener stays. ``format_args`` go
+    to the storage format step (e.g. ``--add-scram`` for SCRAM users). ``home`` holds the
+    configuration, data and log (a fresh temporary folder if None, deleted by
+    :meth:`ApacheKafka.close`).
     """
     classpath = kafka_classpath()
     port = port or free_port()
@@ -209,13 +224,14 @@ def start_apache_kafka(
     owns = home is None
     root = Path(home or tempfile.mkdtemp(prefix="faultwatch-kafka-"))
     root.mkdir(parents=True, exist_ok=True)
-    props = _properties(port, controller_port, root / "data", extra_properties or {})
+    more = {name: free_port() for name in listeners}
+    props = _properties(port, controller_port, root / "data", extra_properties or {}, more)
     config = root / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     kafka = ApacheKafka(port=port, controller_port=controller_port, home=root, classpath=classpath,
-                        client_options=dict(client_options or {}), heap=heap, owns_home=owns)
+                        client_options=dict(client_options or {}), heap=heap, owns_home=owns, listeners=more)
     try:
-        _format_storage(classpath, config, kafka.log_path)
+        _format_storage(classpath, config, kafka.log_path, format_args)
         kafka.start(timeout_s)
         if topics:
             create_topics(kafka.bootstrap, topics, partitions, client_options=kafka.client_options)
