@@ -7,8 +7,10 @@ micro-batch, ``availableNow``, new partitions picked up. Records are unpacked by
 (``write_root``) each task writes its bronze Parquet itself and emits only its file list plus the
 events a stateful step reads, cut per state key (:mod:`streaming.feeds`). With ``event_time`` each
 offset carries the batch's settle point (:func:`settle_point`), so cutting a backlog into batches
-makes no on-time event late. Partition ends come from fetch high watermarks, not ListOffsets (which
-Tansu answers wrongly when the last batch holds several records).
+makes no on-time event late. Partition ends come from fetch responses (high watermarks, or last
+stable offsets under read_committed), exact on Apache Kafka and on Tansu, whose ListOffsets answer is
+wrong when the last batch holds several records. Offsets that are gone are found before each batch
+(:mod:`streaming.kafka_gaps`).
 """
 
 from __future__ import annotations
