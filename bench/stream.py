@@ -1,9 +1,10 @@
 """The streaming job users run, over a realistic backlog, against the raw consume ceiling.
 
     .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
-                                     [--compression zstd|gzip|none]
+                                     [--compression zstd|gzip|none] [--brokers apache,tansu]
 
-Preloads a simulator backlog (``--clusters`` instances of ``bench/stream_backlog.toml``; batches
+For each of ``--brokers`` (Apache Kafka, as production runs, then Tansu, the demo's broker) it
+preloads a simulator backlog (``--clusters`` instances of ``bench/stream_backlog.toml``; batches
 zstd unless ``--compression`` says otherwise), measures one kafka-python consumer reading it (the
 ceiling), then runs ``faultwatch stream --once`` with the default concerns as a separate process and
 prints events/s overall and per query, ``late`` rows, peak RSS and the stateful task count. Unless
@@ -18,6 +19,7 @@ says why pairs and why ~2M events).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,10 +32,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -543,6 +545,26 @@ def report(r: RunFigures, events: int, ceiling_rate: float, data: Path) -> None:
     print(f"stateful stage tasks: {tasks or 'n/a'}", flush=True)
 
 
+BROKERS = {"apache": "Apache Kafka (KRaft, pipeline/kafka_apache.py)", "tansu": "Tansu (the demo's broker)"}
+
+
+@contextlib.contextmanager
+def start_broker(name: str, topics: Sequence[str], partitions: int) -> Iterator[Any]:
+    """A fresh broker of kind ``name`` with ``topics``, stopped (and its data deleted) on exit."""
+    if name not in BROKERS:
+        raise SystemExit(f"unknown broker {name!r}: choose among {', '.join(BROKERS)}")
+    if name == "apache":
+        from pipeline.kafka_apache import start_apache_kafka
+
+        broker: Any = start_apache_kafka(topics=topics, partitions=partitions)
+    else:
+        broker = start_local_kafka(topics=topics, partitions=partitions)
+    try:
+        yield broker
+    finally:
+        (broker.close if hasattr(broker, "close") else broker.stop)()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=2_000_000)
@@ -551,6 +573,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small backlog (60k events) for a smoke run")
     ap.add_argument("--skip-scaling", action="store_true", help="only the main run, no local[1] or standalone runs")
     ap.add_argument("--pairs", type=int, default=3, help="alternated pairs per scaling ratio (odd: a true median)")
+    ap.add_argument("--brokers", default="apache,tansu",
+                    help="brokers to run against, in order: apache (Apache Kafka, as production), tansu (the demo's)")
     ap.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
                     help="codec of the backlog's record batches (default zstd, as faultwatch simulate writes)")
     args = ap.parse_args()
@@ -559,22 +583,24 @@ def main() -> None:
     cfg = Config()
     print(f"bench/stream: ~{events_wanted:,} events, {args.clusters} clusters, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
-    with start_local_kafka(topics=cfg.topics.all(), partitions=args.partitions) as kafka:
-        counts = preload(kafka.bootstrap, events_wanted, args.clusters, work, args.compression)
-        events = sum(counts.values())
-        secs = ceiling(kafka.bootstrap, counts)
-        print(f"ceiling, raw kafka-python consume of every event topic in one process: "
-              f"{events / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
-        print("run: faultwatch stream --once, default concerns", flush=True)
-        data = fresh(work, "main")
-        log = work / "main.log"
-        main_run = run_job(stream_args(write_config(work / "main.toml", kafka.bootstrap, data)), log)
-        if not check(main_run, log, "faultwatch stream"):
-            raise SystemExit(1)
-        report(main_run, events, events / secs, data)
-        if not args.skip_scaling:
-            machine_scaling(kafka.bootstrap, work, args.pairs)
-            scaling(kafka.bootstrap, work, events, args.pairs)
+    for n, broker in enumerate(args.brokers.split(",")):
+        with start_broker(broker, cfg.topics.all(), args.partitions) as kafka:
+            print(f"== broker: {BROKERS[broker]} at {kafka.bootstrap}, load average {os.getloadavg()[0]:.1f}", flush=True)
+            counts = preload(kafka.bootstrap, events_wanted, args.clusters, work, args.compression)
+            events = sum(counts.values())
+            secs = ceiling(kafka.bootstrap, counts)
+            print(f"ceiling, raw kafka-python consume of every event topic in one process: "
+                  f"{events / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
+            print("run: faultwatch stream --once, default concerns", flush=True)
+            data = fresh(work, f"main-{broker}")
+            log = work / f"main-{broker}.log"
+            main_run = run_job(stream_args(write_config(work / f"main-{broker}.toml", kafka.bootstrap, data)), log)
+            if not check(main_run, log, "faultwatch stream"):
+                raise SystemExit(1)
+            report(main_run, events, events / secs, data)
+            if not args.skip_scaling and n == 0:  # the scaling ratios: on the first broker only
+                machine_scaling(kafka.bootstrap, work, args.pairs)
+                scaling(kafka.bootstrap, work, events, args.pairs)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

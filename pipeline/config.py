@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pipeline import typedload
@@ -65,11 +67,53 @@ class KafkaConfig:
     connect_timeout_s: float = 30.0
     # Partitions of the topics that `faultwatch kafka` creates.
     partitions: int = 4
+    # Offsets the job has not read that are gone (deleted by retention, the topic re-created, a broker
+    # restarted empty) stop the query with a message naming them; false records each gap as a
+    # quarantine row (reason "data_loss") and goes on from the oldest offset left.
+    fail_on_data_loss: bool = True
+    # Where a query without a checkpoint starts: "earliest" (each partition's oldest offset left),
+    # "latest" (only what arrives from then on) or a time (ISO-8601 with a zone, or epoch ms), matched
+    # against Kafka record timestamps. A checkpoint, once there, always wins.
+    starting_offsets: str = "earliest"
+    # "read_committed" skips records of aborted transactions and reads a partition only up to its
+    # last stable offset; "read_uncommitted" reads everything written.
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    # [kafka.client]: further kafka-python settings for every Kafka client faultwatch makes (the job's
+    # consumers, the publisher, alerts, the feed client), e.g. ssl_check_hostname, sasl_kerberos_*,
+    # ssl_ciphers, metadata_max_age_ms. Values of keys naming a password, secret or token are masked.
+    client: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        masked = {k: Secret(str(v)) if _SECRET_KEY.search(k) and not isinstance(v, Secret) else v
+                  for k, v in self.client.items()}
+        object.__setattr__(self, "client", MappingProxyType(masked))
 
     def validate(self) -> None:
         _positive(self, "request_timeout_ms", "connect_timeout_s", "partitions")
+        self.starting_position()
+        _check_client_settings(self.client)
         if self.security_protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username):
             raise ConfigError("kafka.sasl_mechanism and kafka.sasl_username are required for SASL")
+
+    def starting_position(self) -> str:
+        """``starting_offsets`` as the Kafka source takes it: "earliest", "latest" or epoch ms."""
+        value = self.starting_offsets.strip()
+        if value in ("earliest", "latest"):
+            return value
+        if value.isdigit():
+            return value
+        import datetime as dt
+
+        try:
+            when = dt.datetime.fromisoformat(value)
+        except ValueError:
+            when = None
+        if when is None or when.tzinfo is None:
+            raise ConfigError(
+                f"kafka.starting_offsets must be 'earliest', 'latest', epoch milliseconds or an ISO-8601 time "
+                f"with a zone (e.g. '2026-11-28T06:00:00+00:00'), got {self.starting_offsets!r}"
+            )
+        return str(int(when.timestamp() * 1000))
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for kafka-python clients (secrets unwrapped only here)."""
@@ -88,6 +132,7 @@ class KafkaConfig:
                 opts[name] = getattr(self, name)
         if self.ssl_password:
             opts["ssl_password"] = self.ssl_password.value
+        opts.update({k: v.value if isinstance(v, Secret) else v for k, v in self.client.items()})
         return opts
 
 
@@ -538,6 +583,33 @@ def _secret(value: Any, key: str) -> Secret:
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     return typedload.build(cls, raw, prefix, ConfigError, {Secret: _secret})
+
+
+_SECRET_KEY = re.compile(r"password|secret|token|credential", re.IGNORECASE)
+# [kafka.client] keys that have a [kafka] setting of their own (one place for each).
+_OWN_KAFKA_KEYS = {
+    "bootstrap_servers": "bootstrap_servers", "security_protocol": "security_protocol",
+    "sasl_mechanism": "sasl_mechanism", "sasl_plain_username": "sasl_username",
+    "sasl_plain_password": "sasl_password", "ssl_cafile": "ssl_cafile", "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile", "ssl_password": "ssl_password", "client_id": "client_id",
+    "request_timeout_ms": "request_timeout_ms", "isolation_level": "isolation_level",
+}
+
+
+def _check_client_settings(client: Mapping[str, Any]) -> None:
+    """Every [kafka.client] key must be a setting that kafka-python's consumer, producer and admin
+    client all take, and a plain value (not a table)."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    common = set(KafkaConsumer.DEFAULT_CONFIG) & set(KafkaProducer.DEFAULT_CONFIG) & set(KafkaAdminClient.DEFAULT_CONFIG)
+    for key, value in client.items():
+        if key in _OWN_KAFKA_KEYS:
+            raise ConfigError(f"kafka.client.{key}: set kafka.{_OWN_KAFKA_KEYS[key]} instead")
+        if key not in common:
+            raise ConfigError(f"kafka.client.{key}: not a setting every kafka-python client takes; "
+                              f"valid keys here: {sorted(common - set(_OWN_KAFKA_KEYS))}")
+        if not isinstance(value, (str, int, float, bool, Secret)):
+            raise ConfigError(f"kafka.client.{key}: expected a string, number or boolean, got {value!r}")
 
 
 def _positive(obj: Any, *names: str) -> None:

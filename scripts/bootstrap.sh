@@ -65,7 +65,7 @@ if [ "$target" = "test" ] && ! command -v prometheus-alertmanager >/dev/null 2>&
 fi
 
 # 3d. Maven for the Java clients (clients/java: send hook, feed client, admin poller) and the real
-#     RocketMQ/Kafka jars of the tests (test set only); what Maven fetches is cached in ~/.m2
+#     RocketMQ and Apache Kafka jars of the tests (test set only); what Maven fetches is cached in ~/.m2
 if [ "$target" = "test" ] && ! command -v mvn >/dev/null 2>&1; then
   say "installing Maven (the Java clients and the real-cluster tests)"
   apt_install maven || die "the Java clients need Maven: apt-get install maven"
@@ -97,5 +97,10 @@ fi
 if [ "${FAULTWATCH_CLASS_ARCHIVE:-1}" != "0" ]; then
   "$VENV/bin/python" -m streaming.class_archive \
     || say "no class archive (Spark starts ~4 s slower; it is tried again in the background)"
+fi
+# 6. Apache Kafka's jars for the tests' broker (pipeline/kafka_apache.py): fetched into ~/.m2 now,
+#    so the tests (and a second set-up) need no network.
+if [ "$target" = "test" ]; then
+  "$VENV/bin/python" -m pipeline.kafka_apache || die "could not resolve Apache Kafka's jars through Maven"
 fi
 say "ready ($target)"

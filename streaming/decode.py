@@ -188,6 +188,15 @@ class BatchDecoder:
             )
         )
 
+    def gap_row(self, topic: str, partition: int, first: int, when_ms: int, detail: str) -> pa.RecordBatch:
+        """One quarantine row recording lost offsets (from ``first``; ``detail`` names them all)."""
+        row = {
+            ROUTE_COLUMN: "quarantine", "source_topic": topic, "source_partition": partition,
+            "source_offset": first, "kafka_ts_ms": when_ms, "raw_key": None, "raw_value": None,
+            "event_kind": self.kind, "reason": "data_loss", "detail": detail, "stage": "bronze",
+        }
+        return pa.RecordBatch.from_pylist([row], schema=self.schema)
+
     def _quarantine_row(self, topic: str, partition: int, records: RecordColumns, i: int, exc: Invalid) -> dict[str, Any]:
         return {
             ROUTE_COLUMN: "quarantine",

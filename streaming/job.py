@@ -368,5 +368,5 @@ def _short_error(exc: Any) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if ("Error:" in ln or "Exception:" in ln) and not ln.startswith("at "):
-            return ln[:500]
-    return (lines[0] if lines else repr(exc))[:500]
+            return ln[:2000]
+    return (lines[0] if lines else repr(exc))[:2000]

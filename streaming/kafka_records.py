@@ -9,8 +9,8 @@ further for the Kafka source's tasks, which read only offsets, timestamps, keys 
 :class:`RecordColumns`, unpacking a fetch's plain batches together with numpy
 (:mod:`streaming.kafka_batches`) and any other batch with the same loop (:func:`unpack_v2`).
 Everything around it stays kafka-python's (fetch protocol, positions, CRC checks, decompression,
-control batches); legacy batches (magic 0 and 1), ``read_committed`` consumers and consumers with
-deserializers take kafka-python's own loop unchanged.
+control batches, aborted transactions, which it decides with its own bookkeeping); legacy batches
+(magic 0 and 1) and consumers with deserializers take kafka-python's own loop unchanged.
 
 :func:`install` puts it into one consumer. It leans on kafka-python internals (``Fetcher`` and
 its ``PartitionRecords``, ``DefaultRecordBatch``'s header fields), so it checks them first and
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _new = tuple.__new__
 _REQUIRED = ("_buffer", "_pos", "_header_data", "_maybe_uncompress", "validate_crc", "is_control_batch")
+# kafka-python's PartitionRecords helpers for read_committed; without them such consumers take its own loop.
+_TRANSACTION_HELPERS = ("_consume_aborted_transactions_up_to", "_contains_abort_marker", "_is_batch_aborted",
+                        "aborted_producer_ids")
 
 
 class FastPartitionRecords(Fetcher.PartitionRecords):
@@ -51,9 +54,10 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
     stop_offsets: Mapping[Any, int] = MappingProxyType({})
 
     def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Iterator[Any]:
-        if key_deserializer is not None or value_deserializer is not None or self.aborted_transactions or (
-            self.isolation_level != 0
-        ):
+        committed_only = self.isolation_level != 0
+        if key_deserializer is not None or value_deserializer is not None or (committed_only and not all(
+            hasattr(self, name) for name in _TRANSACTION_HELPERS
+        )):
             yield from super()._unpack_records(tp, records, key_deserializer, value_deserializer)
             return
         try:
@@ -74,7 +78,8 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
                 if batch.magic != 2:
                     yield from self._flush()
                     yield from self._unpack_legacy(tp, batch)
-                elif batch.is_control_batch:
+                # (_aborted first: an abort marker, itself a control batch, updates the bookkeeping)
+                elif (committed_only and batch.has_producer_id() and self._aborted(batch)) or batch.is_control_batch:
                     yield from self._flush()
                     self.leader_epoch = batch.leader_epoch
                     self.next_fetch_offset = batch.next_offset
@@ -92,6 +97,15 @@ class FastPartitionRecords(Fetcher.PartitionRecords):
         except Exception:  # the records before the fault first, as kafka-python hands them out
             yield from self._flush()
             raise
+
+    def _aborted(self, batch: DefaultRecordBatch) -> bool:
+        """Whether a transactional batch belongs to an aborted transaction (read_committed), as
+        kafka-python decides it: its own bookkeeping of the fetch's aborted transactions."""
+        self._consume_aborted_transactions_up_to(batch.last_offset)
+        if self._contains_abort_marker(batch):
+            self.aborted_producer_ids.discard(batch.producer_id)
+            return False  # a control batch: skipped as such
+        return bool(self._is_batch_aborted(batch))
 
     def _flush(self) -> Iterator[Any]:
         """The records ``_unpack_v2`` held back (here: none)."""
@@ -413,6 +427,26 @@ def install(consumer: Any, columns: bool = False) -> bool:
     base = ColumnarPartitionRecords if columns else FastPartitionRecords
     fetcher.PartitionRecords = type(base.__name__, (base,), {"stop_offsets": {}})  # this consumer's own stops
     return True
+
+
+def track_stable_offsets(consumer: Any) -> dict[Any, int] | None:
+    """A dict that ``consumer``'s fetch responses keep filled with each partition's last stable
+    offset (the end of what read_committed may read, as the high watermark is for everything);
+    None if kafka-python's fetcher is not the expected one."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    parse = getattr(fetcher, "_parse_fetched_data", None)
+    if fetcher is None or parse is None:
+        return None
+    stable: dict[Any, int] = {}
+
+    def parse_noting_stable_offset(completed_fetch: Any) -> Any:
+        lso = getattr(completed_fetch.partition_data, "last_stable_offset", -1)
+        if lso is not None and lso >= 0:
+            stable[completed_fetch.topic_partition] = int(lso)
+        return parse(completed_fetch)
+
+    fetcher._parse_fetched_data = parse_noting_stable_offset
+    return stable
 
 
 def read_until(consumer: Any, tp: Any, offset: int) -> None:

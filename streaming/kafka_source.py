@@ -7,8 +7,10 @@ micro-batch, ``availableNow``, new partitions picked up. Records are unpacked by
 (``write_root``) each task writes its bronze Parquet itself and emits only its file list plus the
 events a stateful step reads, cut per state key (:mod:`streaming.feeds`). With ``event_time`` each
 offset carries the batch's settle point (:func:`settle_point`), so cutting a backlog into batches
-makes no on-time event late. Partition ends come from fetch high watermarks, not ListOffsets (which
-Tansu answers wrongly when the last batch holds several records).
+makes no on-time event late. Partition ends come from fetch responses (high watermarks, or last
+stable offsets under read_committed), exact on Apache Kafka and on Tansu, whose ListOffsets answer is
+wrong when the last batch holds several records. Offsets that are gone are found before each batch
+(:mod:`streaming.kafka_gaps`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from schemas.errors import FaultwatchError
 from schemas.fields import spark_schema
 from schemas.tables import BRONZE_TABLE_FOR_EVENT, routed_fields
 from streaming.daemon import quiet_pyspark_daemon
+from streaming.kafka_gaps import DataLossError, Gap, fatal_message, find_gaps, gap_entries, gaps_in
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +56,43 @@ class KafkaUnavailableError(FaultwatchError, RuntimeError):
     """Kafka could not be reached within ``kafka.connect_timeout_s``."""
 
 
+class UndecodableBatchError(FaultwatchError, RuntimeError):
+    """A fetched record batch could not be unpacked (a codec not installed, corrupt bytes)."""
+
+
+def poll_or_explain(consumer: Any, where: str, **poll: Any) -> Any:
+    """``consumer.poll(**poll)``, with a batch that cannot be unpacked reported by topic, partition
+    and offset (each assigned partition's position, when the poll reads several): such a batch
+    stops the query (its records cannot be read, so neither quarantined) rather than being skipped."""
+    from kafka.errors import (
+        KafkaConnectionError,
+        KafkaTimeoutError,
+        OffsetOutOfRangeError,
+        UnsupportedCodecError,
+    )
+
+    try:
+        return consumer.poll(**poll)
+    except OffsetOutOfRangeError as exc:
+        at = ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(consumer.assignment()))
+        raise DataLossError(
+            f"offsets of {at} were deleted while the job read them ({where}): {exc}; the query stops "
+            "(the next run finds the gap and, with kafka.fail_on_data_loss = false, records it)"
+        ) from exc
+    except (KafkaConnectionError, KafkaTimeoutError):
+        raise
+    except Exception as exc:  # codec missing, CRC mismatch, bad framing, a decompressor's own error
+        hint = ("install the codec's package (kafka-python's extras lz4, snappy and zstd, which "
+                "faultwatch depends on) into the Python of every Spark worker"
+                if isinstance(exc, UnsupportedCodecError)
+                else "the batch is corrupt or in a format this client cannot read")
+        at = ", ".join(f"{tp.topic}/{tp.partition} at or after offset {consumer.position(tp)}"
+                       for tp in sorted(consumer.assignment()))
+        raise UndecodableBatchError(
+            f"cannot unpack a record batch of {at} ({where}): {type(exc).__name__}: {exc}; {hint}"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class TopicPartitionRange(InputPartition):
     topic: str
@@ -61,6 +101,7 @@ class TopicPartitionRange(InputPartition):
     start: int
     end: int
     settle_ms: int = 0  # the micro-batch's event-time settle point (see ``settle_point``)
+    gap: tuple[int, int, str, int] | None = None  # offsets lost before ``start``: (first, last, cause, when)
 
 
 @dataclass(frozen=True)
@@ -214,11 +255,14 @@ class _NoRows(DataSourceReader):
 
 
 def _client_options(options: dict[str, str]) -> dict[str, Any]:
-    return dict(json.loads(options.get(SECRET_OPTION, "{}")))
+    """The kafka-python settings of every consumer the source makes (connection, security, isolation)."""
+    return {**json.loads(options.get(SECRET_OPTION, "{}")),
+            "isolation_level": options.get("isolation_level", "read_committed")}
 
 
 def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
-    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff."""
+    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff. A position out
+    of the partition's range resets to its beginning unless ``extra`` says otherwise."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
@@ -230,9 +274,7 @@ def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
             return KafkaConsumer(
                 group_id=None,
                 enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                **_client_options(options),
-                **extra,
+                **{"auto_offset_reset": "earliest", **_client_options(options), **extra},
             )
         except KafkaError as exc:
             if time.monotonic() + delay > deadline:
@@ -256,6 +298,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics: dict[str, str] = json.loads(options["topics"])  # topic -> event kind
         self.max_rows = int(options.get("max_rows", "0"))
         self._consumer: Any = None
+        self._stable: dict[Any, int] | None = None  # last stable offsets from fetch responses
+        self.committed_only = _client_options(options)["isolation_level"] == "read_committed"
         self._target: dict[str, int] | None = None  # availableNow: never read past this
         self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
         self.end_polls = 0  # the polls the last look-up of the ends took
@@ -264,16 +308,19 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.event_time = options.get("event_time") == "true"
         self.delay_ms = int(options.get("watermark_delay_ms", "30000"))
         self.skew_ms = int(options.get("future_skew_ms", "300000"))
+        self.fail_on_data_loss = options.get("fail_on_data_loss", "true") == "true"
 
     # -- driver side -------------------------------------------------------------------------
     def _driver_consumer(self) -> Any:
         if self._consumer is None:
             from streaming.kafka_records import install as install_fast_records
+            from streaming.kafka_records import track_stable_offsets
 
             self._consumer = _make_consumer(self.options, fetch_max_wait_ms=10, max_partition_fetch_bytes=1)
             # settle_point's look-ups seek into the middle of record batches, and everything before
             # the offset is unpacked too: ~0.3 s per micro-batch with kafka-python's own loop.
             install_fast_records(self._consumer)
+            self._stable = track_stable_offsets(self._consumer)
         return self._consumer
 
     def _partitions_now(self) -> list[tuple[str, int]]:
@@ -309,7 +356,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Records that arrived since the listing come back and are dropped, all at once: a
             # partition with fetched records still buffered is left out of the next fetch, so
             # taking them one per poll kept its high watermark from renewing for dozens of polls.
-            consumer.poll(timeout_ms=50, max_records=DRAIN_RECORDS)
+            poll_or_explain(consumer, "end offset look-up", timeout_ms=50, max_records=DRAIN_RECORDS)
             polls += 1
             ends = {tp: consumer.highwater(tp) for tp in tps}
             known = all(hw is not None and hw >= listed[tp] for tp, hw in ends.items())
@@ -318,6 +365,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 break
             if time.monotonic() > deadline:
                 raise KafkaUnavailableError("Kafka did not answer fetches for the partitions' end offsets")
+        if self.committed_only:  # read_committed reads up to the last stable offset, not the high watermark
+            stable = self._stable if self._stable is not None else listed  # (ListOffsets answers it too)
+            ends = {tp: min(hw, stable.get(tp, hw)) for tp, hw in ends.items()}
         out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
         self._ends = out
         self.end_polls = polls
@@ -326,9 +376,44 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _known_end(self, tp: Any) -> int:
         return self._ends.get(_key(tp.topic, tp.partition), 0)
 
+    def _beginnings(self, keys: Sequence[str]) -> dict[str, int]:
+        """Each partition's oldest offset Kafka still holds."""
+        from kafka import TopicPartition
+
+        if not keys:
+            return {}
+        tps = [TopicPartition(*_split_key(k)) for k in keys]
+        found = self._driver_consumer().beginning_offsets(tps)
+        return {_key(tp.topic, tp.partition): int(found[tp]) for tp in tps}
+
     def initialOffset(self) -> dict:
-        # Everything from each partition's beginning: the bronze tables are the system of record.
-        return {_key(t, p): 0 for t, p in self._partitions_now()}
+        """Where a query without a checkpoint starts (``kafka.starting_offsets``): each partition's
+        oldest offset left, its end, or its first record at or after a time (its end if none)."""
+        keys = [_key(t, p) for t, p in self._partitions_now()]
+        how = self.options.get("starting_offsets", "earliest")
+        if how == "earliest":
+            return self._beginnings(keys)
+        ends = self._end_offsets()
+        if how == "latest":
+            return {k: ends[k] for k in keys if k in ends}
+        return self._offsets_at(keys, int(how), ends)
+
+    def _offsets_at(self, keys: Sequence[str], ts_ms: int, ends: dict[str, int]) -> dict:
+        from kafka import TopicPartition
+
+        tps = {k: TopicPartition(*_split_key(k)) for k in keys if k in ends}
+        found = self._driver_consumer().offsets_for_times({tp: ts_ms for tp in tps.values()})
+        return {k: int(found[tp].offset) if found.get(tp) is not None else ends[k] for k, tp in tps.items()}
+
+    def _gaps(self, parts: dict, ends: dict[str, int]) -> list[Gap]:
+        """Unread offsets that are gone (see :mod:`streaming.kafka_gaps`): fatal, or returned to record."""
+        known = [k for k in parts if k in ends]
+        gaps = find_gaps({k: int(parts[k]) for k in known}, self._beginnings(known), ends, int(time.time() * 1000))
+        if gaps and self.fail_on_data_loss:
+            raise DataLossError(fatal_message(gaps))
+        for gap in gaps:
+            log.error("data loss (kafka.fail_on_data_loss = false, recorded in quarantine): %s", gap.describe())
+        return gaps
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._end_offsets()
@@ -342,13 +427,17 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # topic deleted and re-created during a --once run is not handled, here or elsewhere.)
         ends = self._end_offsets() if self._target is None else self._target
         parts = partition_offsets(start)
+        parts.update(self._beginnings([k for k in ends if k not in parts]))  # new partitions: from their start
+        gaps = self._gaps(parts, ends)
+        parts.update({g.key: g.resume for g in gaps})
         end = dict(parts)
         for k, v in ends.items():
             end[k] = max(v, parts.get(k, 0))
         if isinstance(limit, ReadMaxRows):
             end = _cap_rows(parts, end, int(limit.max_rows))
-        if end == parts:
+        if end == parts and not gaps:
             return start  # nothing new: the same offset, so Spark runs no batch
+        end.update(gap_entries(gaps))
         if self.event_time:
             ceiling = int(time.time() * 1000) + self.skew_ms - self.delay_ms
             end[SETTLE] = settle_point(start, end, ends, self._event_times, self.delay_ms, ceiling)
@@ -370,7 +459,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         found: dict = {}
         deadline = time.monotonic() + float(self.options.get("connect_timeout_s", "30"))
         while todo and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=100, max_records=1000).items():
+            polled = poll_or_explain(consumer, "event-time look-up", timeout_ms=100, max_records=1000)
+            for tp, records in polled.items():
                 if tp not in todo:
                     continue
                 key, offset, exact = todo[tp]
@@ -399,11 +489,18 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, so that the last ones to run are short and no core waits long for the stage's end."""
         split = int(self.options.get("split_rows", "0"))
         settle = int(end.get(SETTLE, 0))
+        gaps = gaps_in(end)
         out = []
         for key, stop in sorted(partition_offsets(end).items()):
-            begin = int(start.get(key, 0))
+            gap = gaps.get(key)
+            begin = gap.resume if gap else int(start.get(key, 0))
+            topic, part = _split_key(key)
+            if gap:  # the first range of the partition carries it, even when there is nothing to read
+                lo, hi = split_range(begin, max(begin, int(stop)), split)[0]
+                out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle,
+                                               (gap.first, gap.last, gap.cause, gap.detected_ms)))
+                begin = hi
             if stop > begin:
-                topic, part = _split_key(key)
                 for lo, hi in split_range(begin, int(stop), split):
                     out.append(TopicPartitionRange(topic, part, self.topics[topic], lo, hi, settle))
         packed = pack_ranges(out, int(self.options.get("pack_rows", "0")), int(self.options.get("min_tasks", "1")))
@@ -429,8 +526,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for part in ranges:
             assert isinstance(part, TopicPartitionRange)
             decoder = _decoder(self.options, part.kind, tables)
-            for records in _fetch_range(self.options, part):
-                batch = decoder.decode(part.topic, part.partition, records)
+            batches = (decoder.decode(part.topic, part.partition, records) for records in _fetch_range(self.options, part))
+            for batch in itertools.chain(_gap_rows(decoder, part), batches):
                 yield to_chunks(batch) if chunked else batch
 
     def _read_and_write(self, ranges: Sequence[Any], tables: list[str], root: str) -> Iterator[Any]:
@@ -457,6 +554,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             settle = max(settle, part.settle_ms)
             decoder = _decoder(self.options, part.kind, tables)
             parts: dict[str, list[Any]] = {}
+            for name, rows in itertools.chain.from_iterable(by_table(b).items() for b in _gap_rows(decoder, part)):
+                parts.setdefault(name, []).append(rows)
             for records in _fetch_range(self.options, part):
                 records_read += len(records)
                 split = by_table(decoder.decode(part.topic, part.partition, records))
@@ -488,6 +587,15 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield pa.RecordBatch.from_pydict(listing, schema=_keyed_arrow_schema())
             return
         yield pa.RecordBatch.from_pydict(listing, schema=_chunk_arrow_schema())
+
+
+def _gap_rows(decoder: Any, part: TopicPartitionRange) -> list[Any]:
+    """The quarantine row recording the offsets lost before ``part`` (none if it carries no gap)."""
+    if part.gap is None:
+        return []
+    first, last, cause, when = part.gap
+    gap = Gap(_key(part.topic, part.partition), first, last, part.start, cause, when)
+    return [decoder.gap_row(part.topic, part.partition, first, when, gap.describe())]
 
 
 def _decoder(options: dict[str, str], kind: str, tables: list[str]) -> Any:
@@ -668,7 +776,7 @@ _CONSUMERS: dict[tuple[str, str], Any] = {}
 
 
 def consumer_key(options: dict[str, str], topic: str) -> tuple[str, str]:
-    return options.get(SECRET_OPTION, ""), topic
+    return options.get(SECRET_OPTION, "") + options.get("isolation_level", ""), topic
 
 
 def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator[Any]:
@@ -689,6 +797,7 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
             fetch_max_bytes=64 * 1024 * 1024,
             max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_wait_ms=100,
+            auto_offset_reset="none",  # offsets gone under a planned range: an error, never a silent jump
         )
         install_fast_records(consumer, columns=True)  # if it cannot, polls return ConsumerRecords
         _CONSUMERS[cache_key] = consumer
@@ -700,7 +809,8 @@ def _fetch_range(options: dict[str, str], part: TopicPartitionRange) -> Iterator
     last_progress = time.monotonic()
     position = part.start
     while position < part.end:
-        polled = consumer.poll(timeout_ms=500, max_records=1_000).get(tp, [])  # record batches, as a rule
+        polled = poll_or_explain(consumer, f"reading [{part.start}, {part.end})", timeout_ms=500,
+                                 max_records=1_000).get(tp, [])  # record batches, as a rule
         if polled:
             cols = RecordColumns.joined(polled) if isinstance(polled[0], RecordColumns) else RecordColumns.of(polled)
             position = cols.offsets[-1] + 1
@@ -746,6 +856,9 @@ def read_events(
         .option("pack_rows", str(cfg.stream.max_events_per_task // 10))
         .option("min_tasks", str(spark.sparkContext.defaultParallelism))
         .option("connect_timeout_s", str(cfg.kafka.connect_timeout_s))
+        .option("fail_on_data_loss", "true" if cfg.kafka.fail_on_data_loss else "false")
+        .option("starting_offsets", cfg.kafka.starting_position())
+        .option("isolation_level", cfg.kafka.isolation_level)
         .option(SECRET_OPTION, json.dumps(cfg.kafka.client_options()))
         .option("query", name)
         .option("chunked", "true" if chunked else "false")

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real Kafka-protocol broker and one Spark session per test run."""
+"""Shared fixtures: one real Apache Kafka broker and one Spark session per test run."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[object]:
-    """A Tansu broker on a free loopback port with the default topics (4 partitions)."""
-    from pipeline.kafka_local import start_local_kafka
+    """A single-node Apache Kafka (KRaft) on free loopback ports with the default topics (4 partitions)."""
+    from pipeline.kafka_apache import start_apache_kafka
 
-    broker = start_local_kafka(topics=Config().topics.all(), partitions=4)
+    broker = start_apache_kafka(topics=Config().topics.all(), partitions=4)
     try:
         yield broker
     finally:
-        broker.stop()
+        broker.close()
 
 
 @pytest.fixture(scope="session")
