@@ -37,7 +37,7 @@ from pipeline.simulate import KafkaSink, Simulation, load_scenario
 from tests.conftest import unique_topics
 from tests.integration.processes import kill_tree, start_faultwatch, write_config
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SEED = 20
 SIMULATED_S = 120.0  # broker-b is down from 30 s to 90 s of it: the job sees an outage and a recovery
