@@ -59,3 +59,13 @@ def unique_topics(cfg: Config, kafka, tag: str) -> Config:  # type: ignore[no-un
     for name, topic in topics.items():
         out = out.replace(**{f"topics__{name}": topic})
     return out
+
+
+SLOW_TIMEOUT_S = 900  # end-to-end runs (JVMs, whole jobs): ~3 min on a loaded 2-core machine, the longest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked slow get a larger bound than the suite's default timeout, unless they set one."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import orjson
 
@@ -70,14 +71,59 @@ def make_mix(n: int, seed: int = 7) -> Mix:
     return mix
 
 
-def produce_mix(bootstrap: str, topics: dict[str, str], mix: Mix) -> None:
+Position = tuple[str, int, int]  # (topic, partition, offset) of a record produced
+
+
+def produce_mix(bootstrap: str, topics: dict[str, str], mix: Mix) -> dict[Position, bytes]:
+    """Produce every record of ``mix``; returns each record's value by the position Kafka gave it."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=256 * 1024, max_request_size=4_000_000)
+    sent = []
     for kind, values in mix.valid.items():
         for v in values:
-            producer.send(topics[kind], key=orjson.loads(v).get("broker_name", "g").encode(), value=v)
+            sent.append((producer.send(topics[kind], key=orjson.loads(v).get("broker_name", "g").encode(), value=v), v))
     for kind, value, _reason in mix.bad:
-        producer.send(topics[kind], key=b"bad", value=value)
+        sent.append((producer.send(topics[kind], key=b"bad", value=value), value))
     producer.flush()
+    positions = {}
+    for future, value in sent:
+        meta = future.get(timeout=60)
+        positions[(meta.topic, meta.partition, meta.offset)] = value
     producer.close()
+    return positions
+
+
+def assert_bronze_holds(root: str, mix: Mix, produced: dict[Position, bytes]) -> None:
+    """The bronze tables hold exactly the ``produced`` records, each once at its Kafka position: a
+    valid event as a row of its kind's table (every event field equal, dated by its ``ts_ms`` in
+    UTC), a malformed record in quarantine (its bytes and the expected reason)."""
+    from pipeline.deltaio import read_table
+
+    reasons = {value: reason for _kind, value, reason in mix.bad}
+    want: dict[Position, object] = {
+        pos: ("quarantine", v, reasons[v]) if v in reasons else ("event", orjson.loads(v)) for pos, v in produced.items()
+    }
+    got: dict[Position, object] = {}
+    twice: list[Position] = []
+    for name in ("send_results", "consumer_progress", "group_membership"):
+        rows = read_table(root, name).to_pylist()
+        for row in rows:
+            pos = (row.pop("kafka_topic"), row.pop("kafka_partition"), row.pop("kafka_offset"))
+            row.pop("kafka_ts_ms")
+            date = datetime.fromtimestamp(row["ts_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d")
+            assert row.pop("event_date") == date, (name, pos)
+            twice += [pos] if pos in got else []
+            got[pos] = ("event", row)
+    for row in read_table(root, "quarantine").to_pylist():
+        pos = (row["source_topic"], row["source_partition"], row["source_offset"])
+        twice += [pos] if pos in got else []
+        got[pos] = ("quarantine", row["raw_value"], row["reason"])
+    assert not twice, f"{len(twice)} records written twice, e.g. {twice[:3]}"
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    assert not missing and not extra, f"{len(missing)} records missing, e.g. {missing[:3]}; " \
+        f"{len(extra)} rows not produced, e.g. {[(p, got[p]) for p in extra[:2]]}"
+    differ = [pos for pos in sorted(want) if got[pos] != want[pos]]
+    assert not differ, f"{len(differ)} rows differ from the record produced, e.g. " \
+        f"{[(got[p], want[p]) for p in differ[:2]]}"

@@ -73,20 +73,28 @@ def test_end_offsets_take_one_or_two_polls_while_producers_append(kafka) -> None
         producer.flush()
         producer.close()
 
+    def appended_since(count: int) -> None:
+        """Wait until the producer has sent records past ``count``: each look-up runs during appends."""
+        deadline = time.monotonic() + 30
+        while sent[0] <= count + 100:
+            assert thread.is_alive(), "the producer thread ended"
+            assert time.monotonic() < deadline, f"no appends within 30 s ({sent[0]} sent)"
+            time.sleep(0.005)
+
     thread = threading.Thread(target=append)
     thread.start()
     r = reader(kafka, "src.busy")
     polls = []
     try:
         start = r.initialOffset()
-        time.sleep(0.5)
         for _ in range(10):
+            appended_since(sent[0])
             r.latestOffset(start, ReadAllAvailable())
             polls.append(r.end_polls)
-            time.sleep(0.1)
     finally:
         stop.set()
-        thread.join()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the producer thread did not stop within 60 s"
     try:
         # The records fetched past the ends are dropped all at once: one record per poll left the
         # rest buffered, and a partition with buffered records is not fetched again, so its high

@@ -1,13 +1,18 @@
 """``faultwatch stream --once`` started many times over one backlog, most starts SIGKILLed.
 
 Start-up must never fail on its own: every start that is not killed exits 0 with a clean log, and no
-start shows a query failure before its kill. Kills land at seeded pseudo-random moments, some during
-start-up (the session, the checkpoint's recovery, the first micro-batch) and some mid-backlog. At the
-end every Delta table equals, row for row, what one clean run over the same backlog wrote into its own
-storage root, with no row written twice.
+start shows a query failure before its kill. Each kill lands on a milestone the job itself reports,
+chosen by a seeded plan: a start-up point (the CLI's first line, the JVM launched, Spark's session
+under way, the queries started) or a point in the backlog (the start's first new checkpoint file, its
+k-th planned or committed micro-batch, its k-th Delta commit of a table). A milestone is always
+followed by seconds of work, so the kill reaches a live job: the plan's eighteen kills of twenty
+starts all land, and the test counts them. The backlog is checked to hold more micro-batches than
+the plan's kills can consume, so no kill waits for a batch that never comes. At the end every Delta
+table equals, row for row, what one clean run over the same backlog wrote into its own storage root,
+with no row written twice.
 
-The test knows the job only through its command line: the queries and tables it compares are the
-ones the job writes, whatever the default concerns are.
+The test knows the job only through its command line, its log and the files it writes: the queries
+and tables it compares are the ones the job reports, whatever the default concerns are.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,12 +37,14 @@ from pipeline.simulate import KafkaSink, Simulation, load_scenario
 from tests.conftest import unique_topics
 from tests.integration.processes import kill_tree, start_faultwatch, write_config
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SEED = 20
 SIMULATED_S = 120.0  # broker-b is down from 30 s to 90 s of it: the job sees an outage and a recovery
-MAX_EVENTS_PER_BATCH = 2500  # ~27 micro-batches per query: room for kills between and inside them
+MAX_EVENTS_PER_BATCH = 2000  # ~34 micro-batches per query: more than the plan's kills can consume
 RUN_TIMEOUT_S = 420.0
+POLL_S = 0.02  # a micro-batch takes ~0.3 s and start-up seconds: a milestone is seen long before the next
+KILLS, COMPLETED = 18, 2  # of the twenty starts, as README says
 
 # Bronze tables have a key per record; their rows are compared sorted by it and it must be unique.
 BRONZE_KEYS: dict[str, tuple[str, ...]] = {
@@ -48,12 +55,22 @@ BRONZE_KEYS: dict[str, tuple[str, ...]] = {
     "quarantine": ("source_topic", "source_partition", "source_offset", "stage", "reason"),
 }
 # Silver tables and the live changelogs (producer_fault_windows[_live], broker_fault_episodes[_live],
-# broker_health, queue_lag, group_status, and any a later job adds) are compared as whole rows sorted by all columns. None of
-# the declared tables holds a wall-clock column (schemas/tables.py, schemas/faults.py,
-# schemas/lag.py: every time in them is event time), so no column is dropped.
+# broker_health, queue_lag, group_status, and any a later job adds) are compared as whole rows sorted
+# by all columns. None of the declared tables holds a wall-clock column (schemas/tables.py,
+# schemas/faults.py, schemas/lag.py: every time in them is event time), so no column is dropped.
+DELTA_TABLE = "send_results"  # written by every micro-batch: its Delta commits are milestones
 
-BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch \d+: in=", re.MULTILINE)
-WAIT_FOR = {"first": re.compile(r"^started: ", re.MULTILINE), "mid": BATCH_LINE}
+# Start-up lines every start prints, in this order: the CLI read its config (no JVM yet); Spark's
+# session is being created; the queries started (each recovers its checkpoint, then its first batch).
+LINES = {
+    "launched": re.compile(r"^faultwatch stream: ", re.MULTILINE),
+    "session": re.compile(r"^Setting default log level", re.MULTILINE),
+    "started": re.compile(r"^started: ", re.MULTILINE),
+}
+STARTED = re.compile(r"^started: (.+) \(", re.MULTILINE)
+TOTAL = re.compile(r"^\[[^\]]+\] total: ", re.MULTILINE)
+# Before the queries start: seconds of start-up follow, even when nothing is left to read.
+BEFORE_QUERIES = ("launched", "jvm", "session")
 # What a start that failed by itself leaves in its log: the CLI's own failure line
 # (streaming/job.py prints "faultwatch stream: query NAME failed: ..."), a Python traceback (from the
 # driver or a Python worker), or a Spark ERROR line (a failed task or query).
@@ -62,21 +79,100 @@ FAILURE = re.compile(
     r"|^\S+ \S+ ERROR |terminated with (?:error|exception)",
     re.MULTILINE,
 )
+BATCH_FILE = re.compile(r"\d+")  # a checkpoint's offsets/N or commits/N (Spark renames them complete)
+DELTA_FILE = re.compile(r"\d{20}\.json")  # a Delta commit (written complete)
 
 
-def _plan(rng: random.Random) -> list[tuple[str, float]]:
-    """The starts in order, each with its kill delay: ("startup", seconds after launch), ("first",
-    seconds after the "started:" line: the first micro-batch, often a replay), ("mid", seconds after
-    the start's first batch line), or ("end", 0: run to the end). Twenty in all, eighteen killed;
-    start-up kills come cheapest (no batch to wait for), so they are the most."""
-    first = [("startup", rng.uniform(1.0, 12.0)) for _ in range(6)]
-    first += [("first", rng.uniform(0.0, 6.0)) for _ in range(4)]
-    first += [("mid", rng.uniform(0.0, 3.0)) for _ in range(4)]
+@dataclass(frozen=True)
+class Kill:
+    """Where a start is killed: ``at`` names a milestone the job reports, ``k`` its count in the start.
+
+    "launched", "session", "started": a start-up line (above); "jvm": a java process in the start's
+    process group; "first": the first new file in the query's offsets/ or commits/ (the start's first
+    micro-batch, a replay or a new one); "planned"/"committed": the k-th new offsets/N (batch N under
+    way) or commits/N (batch N done) file; "delta": the k-th new Delta commit of ``DELTA_TABLE`` (its
+    part of a batch written, Spark's commit maybe not yet).
+    """
+
+    at: str
+    k: int = 1
+
+    def batches(self) -> int:
+        """At most how many micro-batches of the backlog a start killed here commits: the k it waits
+        for, one replayed batch that writes no new file, and one more between the milestone and the kill."""
+        if self.at in BEFORE_QUERIES:
+            return 0
+        return 1 if self.at == "started" else self.k + 2
+
+    def __str__(self) -> str:
+        return f"{self.at}{self.k}"
+
+
+def _plan(rng: random.Random) -> list[Kill | None]:
+    """The twenty starts in order, each with its kill (None: run to the end), eighteen killed. Every
+    milestone is in the plan whatever the seed; the seed picks the rest, the counts and the order."""
+    startup = [*BEFORE_QUERIES, "started", *rng.sample([*BEFORE_QUERIES, "started"], 2)]
+    batch = ["planned", "committed", "delta", rng.choice(["planned", "committed", "delta"])]
+    first: list[Kill | None] = [Kill(at) for at in startup] + [Kill("first") for _ in range(4)]
+    first += [Kill(at, rng.randint(1, 3)) for at in batch]
     rng.shuffle(first)
-    # After the first run to the end the backlog is done: the starts then only recover the checkpoint.
-    then = [("startup", rng.uniform(1.0, 12.0)) for _ in range(2)] + [("first", rng.uniform(0.0, 4.0)) for _ in range(2)]
+    # After the first run to the end the backlog is done: the starts then only recover the
+    # checkpoint, and their kills land before the queries start (after that a start may end at once).
+    then: list[Kill | None] = [Kill(at) for at in [*BEFORE_QUERIES, rng.choice(BEFORE_QUERIES)]]
     rng.shuffle(then)
-    return [*first, ("end", 0.0), *then, ("end", 0.0)]
+    return [*first, None, *then, None]
+
+
+def _backlog_batches_needed(plan: list[Kill | None]) -> int:
+    """Micro-batches the kills before the first run to the end may commit, at most."""
+    before_end = plan[: plan.index(None)]
+    return sum(kill.batches() for kill in before_end if kill is not None)
+
+
+@dataclass(frozen=True)
+class Where:
+    """The files a start's milestones are counted in: the query's checkpoint and a table's log."""
+
+    checkpoint: Path
+    table_log: Path
+
+    def files(self) -> dict[str, set[str]]:
+        return {
+            "planned": _names(self.checkpoint / "offsets", BATCH_FILE),
+            "committed": _names(self.checkpoint / "commits", BATCH_FILE),
+            "delta": _names(self.table_log, DELTA_FILE),
+        }
+
+
+def _names(folder: Path, pattern: re.Pattern[str]) -> set[str]:
+    try:
+        return {name for name in os.listdir(folder) if pattern.fullmatch(name)}
+    except FileNotFoundError:
+        return set()
+
+
+def _java_in_group(pgid: int) -> bool:
+    """True once a java process (Spark's JVM) runs in the process group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        comm, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if comm == "java" and int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ...
+            return True
+    return False
+
+
+def _reached(kill: Kill, pid: int, log: Path, where: Where, base: dict[str, set[str]]) -> bool:
+    if kill.at in LINES:
+        return LINES[kill.at].search(_read(log)) is not None
+    if kill.at == "jvm":
+        return _java_in_group(pid)
+    new = {key: names - base[key] for key, names in where.files().items()}
+    if kill.at == "first":
+        return bool(new["planned"] or new["committed"])
+    return len(new[kill.at]) >= kill.k
 
 
 def _stream(conf: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -86,18 +182,6 @@ def _stream(conf: Path, log: Path) -> subprocess.Popen[bytes]:
 
 def _read(log: Path) -> str:
     return log.read_text(errors="replace") if log.exists() else ""
-
-
-def _wait(predicate: Callable[[], bool], proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """True once ``predicate`` holds; False if ``proc`` ended first. Fails after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.1)
-    raise AssertionError(f"no progress within {timeout_s}s")
 
 
 def _group_gone(pgid: int, timeout_s: float = 30.0) -> None:
@@ -118,29 +202,38 @@ def _assert_clean(log: Path, what: str) -> None:
     assert failure is None, f"{what}: the log shows a failure ({failure.group(0)!r}):\n{text[-4000:]}"
 
 
-def _run_start(kind: str, delay_s: float, conf: Path, log: Path) -> str:
-    """One start; returns how it ended: "killed" or "completed" (exited 0 by itself)."""
+def _kill_at(kill: Kill, proc: subprocess.Popen[bytes], log: Path, where: Where) -> None:
+    """SIGKILL the start's whole process group once it reports ``kill``'s milestone."""
+    base = where.files()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not _reached(kill, proc.pid, log, where, base):
+        code = proc.poll()
+        assert code is None, f"{log.name}: the job exited ({code}) before its milestone {kill}:\n{_read(log)[-4000:]}"
+        assert time.monotonic() < deadline, f"{log.name}: no milestone {kill} within {RUN_TIMEOUT_S}s"
+        time.sleep(POLL_S)
+    kill_tree(proc, signal.SIGKILL)
+    _group_gone(proc.pid)
+    text = _read(log)
+    assert proc.returncode == -signal.SIGKILL and TOTAL.search(text) is None, (
+        f"{log.name}: the job ended by itself ({proc.returncode}) before the kill at {kill}:\n{text[-4000:]}"
+    )
+    _assert_clean(log, f"killed start ({log.name})")  # no query failed before the kill
+
+
+def _run_start(kill: Kill | None, conf: Path, log: Path, where: Where) -> str:
+    """One start; returns how it ended: "killed" (at its milestone) or "completed" (exited 0 by itself)."""
     proc = _stream(conf, log)
     try:
-        mark = WAIT_FOR.get(kind)
-        if mark is not None:  # the moment the delay counts from
-            alive = _wait(lambda: mark.search(_read(log)) is not None, proc, RUN_TIMEOUT_S)
-            kind = "startup" if alive else "end"  # it ended first, e.g. nothing left to read
-        if kind == "startup":
-            deadline = time.monotonic() + delay_s
-            alive = _wait(lambda: time.monotonic() >= deadline, proc, delay_s + 5)
-            if alive:
-                kill_tree(proc, signal.SIGKILL)
-                _group_gone(proc.pid)
-                _assert_clean(log, f"killed start ({log.name})")  # no query failed before the kill
-                return "killed"
+        if kill is not None:
+            _kill_at(kill, proc, log, where)
+            return "killed"
         code = proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             kill_tree(proc, signal.SIGKILL)
     assert code == 0, f"{log.name} exited {code} by itself:\n{_read(log)[-4000:]}"
     _assert_clean(log, f"completed start ({log.name})")
-    assert "total:" in _read(log), f"{log.name}: no total line:\n{_read(log)[-4000:]}"
+    assert TOTAL.search(_read(log)), f"{log.name}: no total line:\n{_read(log)[-4000:]}"
     return "completed"
 
 
@@ -198,7 +291,6 @@ def test_startup_never_fails_and_kills_change_no_table(kafka, cfg: Config, tmp_p
     cfg = unique_topics(cfg, kafka, "restarts").replace(stream__max_events_per_batch=MAX_EVENTS_PER_BATCH)
     scenario = load_scenario("broker-outage").replace(duration_s=SIMULATED_S)
     stats = Simulation(scenario, seed=SEED).run(KafkaSink(cfg), close=True)
-    assert stats.events["send_result"] > 10 * MAX_EVENTS_PER_BATCH
 
     clean = cfg.replace(
         storage__root=str(tmp_path / "clean" / "tables"),
@@ -206,13 +298,24 @@ def test_startup_never_fails_and_kills_change_no_table(kafka, cfg: Config, tmp_p
         storage__publish_dir=str(tmp_path / "clean" / "avoidance"),
     )
     clean_log = tmp_path / "clean.log"
-    assert _run_start("end", 0.0, write_config(clean, tmp_path / "clean.toml"), clean_log) == "completed"
+    clean_conf = write_config(clean, tmp_path / "clean.toml")
+    assert _run_start(None, clean_conf, clean_log, Where(tmp_path, tmp_path)) == "completed"
+    started = STARTED.search(_read(clean_log))
+    assert started, f"no 'started:' line:\n{_read(clean_log)[-4000:]}"
+    query = started.group(1).split(", ")[0]  # the milestones are counted in the first query's files
+    backlog = len(Where(Path(clean.storage.checkpoint_root) / query, tmp_path).files()["committed"])
+
+    plan = _plan(random.Random(SEED))
+    assert [k is None for k in plan].count(False) == KILLS and plan.count(None) == COMPLETED, plan
+    # Each kill in the backlog waits for batches: the backlog must hold more than they all consume.
+    assert _backlog_batches_needed(plan) < backlog, (_backlog_batches_needed(plan), backlog, plan)
 
     conf = write_config(cfg, tmp_path / "fw.toml")
+    where = Where(Path(cfg.storage.checkpoint_root) / query, Path(cfg.storage.root) / DELTA_TABLE / "_delta_log")
     ends: Counter[str] = Counter()
-    for i, (kind, delay) in enumerate(_plan(random.Random(SEED))):
-        ends[_run_start(kind, delay, conf, tmp_path / f"start-{i:02d}-{kind}.log")] += 1
-    assert ends["killed"] >= 12 and ends["completed"] >= 2, ends
+    for i, kill in enumerate(plan):
+        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where)] += 1
+    assert ends == Counter(killed=KILLS, completed=COMPLETED), ends
 
     root, clean_root = Path(cfg.storage.root), Path(clean.storage.root)
     sends = read_table(str(clean_root), "send_results", columns=["event_id"]).num_rows

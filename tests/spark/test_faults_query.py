@@ -33,7 +33,7 @@ from tests.doubles.faults_reference import (
     window_keys,
     windows_from_vector,
 )
-from tests.doubles.faults_synth import T0, bronze_table, outage_scenario, random_stream
+from tests.doubles.faults_synth import T0, bronze_table, outage_scenario
 
 pytestmark = pytest.mark.spark
 
@@ -177,4 +177,3 @@ def test_vector_cases_through_spark_give_the_java_client_windows(spark: Any, tmp
     got = run_query(spark, tmp_path, batches, Config().replace(stream__watermark_delay_s=10_000_000.0), "vectors")
     assert window_keys(current_view(got["producer_fault_windows_live"]), fault_enable=True) == sorted(expected)
     assert got["quarantine"] == []
-    assert random_stream  # shared generator module imported for the e2e tests too

@@ -28,6 +28,7 @@ SESSION_FLAGS = (
 )
 
 
+@pytest.mark.timeout(900)  # builds a JVM class archive, then starts a session and a JVM on it (own bounds 420 s)
 def test_a_built_archive_is_what_the_session_starts_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv(class_archive.ENV, "1")
@@ -58,6 +59,7 @@ def test_a_built_archive_is_what_the_session_starts_with(tmp_path: Path, monkeyp
     assert "org.apache.spark.util.Utils source: shared objects file" in loaded.stdout, loaded.stdout[-2000:]
 
 
+@pytest.mark.timeout(600)  # two Spark JVM runs, each bounded at 120 s
 def test_a_truncated_archive_fails_the_check_and_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A JVM given a cut-off archive does not start at all, so ``build`` tries each archive with
     ``-Xshare:on`` before it moves it into place; here that check refuses a truncated one."""

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def test_the_daemon_preloads_every_module_and_nothing_fork_unsafe() -> None:
@@ -47,6 +48,25 @@ def test_a_worker_whose_jvm_socket_closed_ends_quietly() -> None:
     assert proc.stdout.split() == ["BrokenPipeError", "1"], proc
 
 
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (S: blocked, e.g. in a read; Z: exited, not yet reaped),
+    or "gone" once it was reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
+def _wait_for_state(pid: int, state: str, what: str, timeout_s: float = 30.0) -> None:
+    """Wait until worker ``pid`` is in ``state`` (an exited one counts as "gone"); fail after the bound."""
+    deadline = time.monotonic() + timeout_s
+    while (now := _state(pid)) != state and not (state == "gone" and now == "Z"):
+        assert now not in ("Z", "gone"), f"worker {pid} exited before it was {what}"
+        assert time.monotonic() < deadline, f"worker {pid} not {what} within {timeout_s}s (state {now})"
+        time.sleep(0.01)
+
+
 def _idle_worker_closed_by_the_jvm(command: list[str]) -> str:
     """Start a daemon as Spark starts a planner's (``command`` + the worker module), take a worker
     as the JVM does (its pid, the secret), then drop the connection while it waits for its call, as
@@ -69,10 +89,11 @@ def _idle_worker_closed_by_the_jvm(command: list[str]) -> str:
             f.write(struct.pack(">i", 6) + b"s3cret")
             f.flush()
             assert f.read(6) == struct.pack(">i", 2) + b"ok"
-            time.sleep(0.3)  # the worker now waits for the call
+            _wait_for_state(pid, "S", "blocked reading its call")  # the worker now waits for the call
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed with a reset
             f.close()  # the socket closes only once its file is closed too
-        time.sleep(1.0)  # the worker reads the reset, answers into the closed socket, and exits
+        # the worker reads the reset, answers into the closed socket, and exits (the daemon reaps it)
+        _wait_for_state(pid, "gone", "ended")
         proc.stdin.close()  # how Spark stops a daemon
         return proc.stderr.read().decode(errors="replace") if proc.wait(timeout=30) is not None else ""
     finally:

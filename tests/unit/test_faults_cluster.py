@@ -11,6 +11,7 @@ depend on which brokers share a state.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -60,10 +61,13 @@ def by_shard(shards: int) -> Callable[[str], str]:
 
 def per_key(
     batches: list[tuple[Any, int]], through_json: bool, key_of: Callable[[str], str] = by_broker,
+    deciders: list[ClusterState] | None = None, forget_when_quiet: str | None = None,
 ) -> dict[str, list[dict]]:
     """The query's way: one points-mode state per ``key_of(broker)``, the decision over their points.
 
-    ``rows["points"]`` holds each batch's point rows (canonical), one entry per batch.
+    ``rows["points"]`` holds each batch's point rows (canonical), one entry per batch. ``deciders``
+    (if given) gets the cluster state after each batch; ``forget_when_quiet`` names a broker whose
+    points the cluster state drops before each batch without its events (a broken decision).
     """
     states: dict[str, Any] = {}
     wakeups: dict[str, int | None] = {}
@@ -86,7 +90,11 @@ def per_key(
             points += out.points.to_pylist() if out.points is not None else []
             for name in ("windows", "health", "quarantine"):
                 rows[name] += getattr(out, name)
+        if forget_when_quiet is not None and forget_when_quiet not in events["broker_name"].tolist():
+            decider = replace(decider, points={b: p for b, p in decider.points.items() if b != forget_when_quiet})
         decider, episodes = cluster_step(decider, points, settle, CFG)
+        if deciders is not None:
+            deciders.append(decider)
         if through_json:
             decider = loads(dumps({"DefaultCluster": decider}))["DefaultCluster"]
         rows["episodes"] += episodes
@@ -151,12 +159,26 @@ def test_two_brokers_in_one_state_when_only_one_of_them_gets_events() -> None:
 
 
 def test_a_broker_without_events_keeps_its_forecast(outage: Any) -> None:
-    # The dead broker's producers stop sending to it; its windows still count towards the quorum.
+    # The dead broker's producers stop sending to it: in those batches its state is not stepped and
+    # writes no point, and the cluster state keeps the forecast it wrote last, which still counts
+    # towards the quorum (the decision with that forecast dropped writes other episodes).
     batches = batches_of(outage, 5_000)
-    dead = [b for b in set(outage["broker_name"].tolist()) if b == "broker-c"]
-    assert dead
-    quiet = [int(np.count_nonzero(events["broker_name"] == "broker-c")) for events, _ in batches]
-    assert 0 in quiet[:-1]  # some batches have no send to it at all
+    deciders: list[ClusterState] = []
+    got = per_key(batches, through_json=False, deciders=deciders)
+    kept = 0
+    for i, (events, settle) in enumerate(batches[:-1]):
+        if i == 0 or "broker-c" in events["broker_name"].tolist():
+            continue
+        assert not any("'broker-c'" in row for row in got["points"][i]), f"batch {i}: broker-c wrote points"
+        before, after = deciders[i - 1].points.get("broker-c", {}), deciders[i].points.get("broker-c", {})
+        ahead = {t: row for t, row in before.items() if t > settle}  # not decided yet: must all be kept
+        assert {t: after.get(t) for t in ahead} == ahead, f"batch {i}: broker-c's forecast changed"
+        kept += len(ahead)
+    assert kept > 0, "no batch without broker-c's events had its forecast ahead"
+    want = one_state(batches)
+    assert canon(got["episodes"]) == canon(want["episodes"])
+    forgot = per_key(batches, through_json=False, forget_when_quiet="broker-c")
+    assert canon(forgot["episodes"]) != canon(want["episodes"]), "dropping the forecast changed nothing"
 
 
 def test_the_sinks_decisions_are_the_same_from_memory_and_from_their_files(outage: Any, tmp_path: Any) -> None:

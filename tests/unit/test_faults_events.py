@@ -38,6 +38,10 @@ def test_error_class(error: str | None, expected: str) -> None:
 
 def test_update_arguments_agree_with_the_rules_event_by_event() -> None:
     events = random_stream(2, producers=20, events=2000)
+    # every error class, both statuses and every client generation are among the events compared
+    assert {e.error for e in events} == {None, *ERRORS}
+    assert {e.status for e in events} == {"SEND_OK", "FAILED"}
+    assert {e.client_version for e in events} == {"4.9.8", "5.3.3", "5.1.4", "4.9.4"}
     cols = from_send_results(events)
     for detector in (False, True):
         gen = generation_codes(cols["client_version"])
@@ -64,7 +68,6 @@ def test_processing_order_is_time_then_kafka_position_then_event_id() -> None:
         "event_id": event_array(["a", "b", "d", "e", "c"]),
     }
     assert processing_order(cols).tolist() == [3, 4, 2, 1, 0]
-    assert ERRORS  # the synthetic streams use every error class
 
 
 def test_arrow_input_with_dictionary_encoded_strings_gives_the_same_columns() -> None:

@@ -112,10 +112,37 @@ def test_state_stays_bounded_by_the_watermark_not_by_the_stream_length() -> None
     assert max(sizes) < 8_000_000
 
 
-def test_a_batch_of_many_producers_runs_both_paths_consistently() -> None:
+def test_a_batch_of_many_producers_runs_both_paths_consistently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pairs.apply_new moves a quiet pair's head in bulk when its updates can open no window, and
+    applies them track by track otherwise: with the bulk path off (every pair through its track),
+    batch after batch the rows and the pairs' keys and windows are the same."""
+    from pipeline.faults import pairs
+
     events = from_send_results(random_stream(17, producers=40, brokers=5, events=4000))
-    state, out = step(initial_state("c1"), events, 0, CFG)
-    assert out.windows and np.all(np.diff(state.pairs["pair"]) > 0)
+    ts = events["ts_ms"]
+    applied: list[int] = []  # heads applied track by track, per run
+    to_tracks = pairs.rows_to_tracks
+
+    def counted(brokers: list[str], cols: dict, prefix: str, index: np.ndarray) -> list:
+        applied[-1] += len(index) if prefix == "h_" else 0
+        return to_tracks(brokers, cols, prefix, index)
+
+    monkeypatch.setattr(pairs, "rows_to_tracks", counted)
+    runs = []
+    for bulk in (True, False):
+        monkeypatch.setattr(pairs, "_after", pairs._after if bulk else lambda *a: np.zeros(len(a[-1]), dtype=bool))
+        applied.append(0)
+        state, rows, watermark = initial_state("c1"), [], 0
+        for lo in range(int(ts.min()), int(ts.max()) + 1, 10_000):
+            state, out = step(state, take(events, (ts >= lo) & (ts < lo + 10_000)), watermark, CFG, None, lo + 5_000)
+            watermark = lo + 5_000
+            rows.append([sorted(map(repr, part)) for part in (out.windows, out.episodes, out.health, out.quarantine)])
+        assert np.all(np.diff(state.pairs["pair"]) > 0)
+        kept = ("pair", "broker", "head_ts", "head_part", "head_off", "last_event_ts", "h_win_start", "b_win_start")
+        runs.append((rows, {k: state.pairs[k].tolist() for k in kept}))
+    assert runs[0] == runs[1]
+    assert any(windows for windows, *_ in runs[0][0])
+    assert 0 < applied[0] < applied[1], applied  # both paths ran with the bulk path on
 
 
 @pytest.mark.parametrize("seed", range(3))

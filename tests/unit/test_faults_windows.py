@@ -356,6 +356,22 @@ def test_simulated_clients_windows_are_reproduced_across_batches() -> None:
 
 
 def test_quarantine_and_window_rows_are_json_safe() -> None:
-    _, rows = run_steps("c1", [(from_send_results(random_stream(2, events=300)), 0)], CFG)
+    """Every cell is a plain Python value (no numpy scalar), so rows go to JSON and Arrow as they are:
+    windows from a stream, quarantine rows from the same stream replayed behind the watermark (late)
+    and from events of an unknown client version."""
+    import dataclasses
+
+    sends = random_stream(2, events=300)
+    odd = [dataclasses.replace(e, client_version="x.y") for e in sends[:5]]
+    late = max(e.ts_ms for e in sends)
+    _, rows = run_steps("c1", [(from_send_results(sends), 0), (from_send_results(sends + odd), late)], CFG)
     assert rows["windows"]
-    orjson.dumps(rows["windows"])
+    assert Counter(r["reason"] for r in rows["quarantine"]) == {"late": len(sends), "bad_client_version": len(odd)}
+    plain = (str, int, float, bool, type(None))
+    for table in ("windows", "quarantine"):
+        for row in rows[table]:
+            odd_cells = {k: type(v) for k, v in row.items()
+                         if type(v) not in plain and not (table == "quarantine" and k.startswith("raw_") and type(v) is bytes)}
+            assert not odd_cells, f"{table}: {odd_cells}"
+    text = {k: v for k, v in rows["quarantine"][0].items() if not k.startswith("raw_")}
+    assert orjson.loads(orjson.dumps([*rows["windows"], text])) == [*rows["windows"], text]
