@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError
 from schemas.tables import ROUTE_COLUMN, table
+from streaming.delta_stats import file_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -73,6 +74,7 @@ class DataFile:
     size: int
     partition_values: dict[str, str]
     num_records: int
+    stats: str | None = None  # Delta's per-file statistics JSON (streaming.delta_stats)
 
 
 @dataclass
@@ -147,15 +149,28 @@ def write_table_files(
         rel = (subdir + "/" if subdir else "") + f"{stem(i)}.zstd.parquet"
         full = Path(root) / name / rel
         full.parent.mkdir(parents=True, exist_ok=True)
-        if not (keep_existing and full.exists()):
-            # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
-            data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+        # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
+        data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+        if not (keep_existing and _stamp_anew(full)):
             target = full.with_name(f".{full.name}.{uuid.uuid4().hex}.tmp") if keep_existing else full
             pq.write_table(data, target, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
             if keep_existing:
                 os.replace(target, full)
-        out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows))
+        out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows, file_stats(data)))
     return out
+
+
+def _stamp_anew(path: Path) -> bool:
+    """Mark an existing file as just written; False if there is none.
+
+    A file kept for a replayed batch is about to be committed: VACUUM, which takes a file no log
+    holds for an orphan once it is older than the retention, must not take it meanwhile.
+    """
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 class RoutedDeltaWriter:
@@ -302,7 +317,8 @@ class RoutedDeltaWriter:
             return name, None
         spec = table(name)
         actions = [
-            AddAction(f.path, f.size, f.partition_values, now_ms, True, json.dumps({"numRecords": f.num_records}))
+            AddAction(f.path, f.size, f.partition_values, now_ms, True,
+                      f.stats or json.dumps({"numRecords": f.num_records}))
             for f in mine
         ]
         try:
