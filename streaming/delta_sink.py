@@ -99,10 +99,13 @@ class RoutedCommit:
         return cls([DataFile(**f) for f in obj["files"]], obj["events_in"], extras, bool(obj.get("listed")))
 
 
-def ensure_tables(root: str, names: Sequence[str]) -> None:
-    """Create missing tables with their declared schema (before any query starts)."""
+def ensure_tables(root: str, names: Sequence[str], schema_changes: str = "evolve") -> None:
+    """Create missing tables with their declared schema, and bring existing ones to it (before any
+    query starts): new columns are added, or refused, per ``schema_changes`` (pipeline/deltaschema.py)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
+
+    from pipeline.deltaschema import reconcile_schema
 
     for name in names:
         spec = table(name)
@@ -114,6 +117,8 @@ def ensure_tables(root: str, names: Sequence[str]) -> None:
             DeltaTable.create(
                 path, schema=spec.arrow_schema(), mode="ignore", partition_by=list(spec.partition_by) or None
             )
+            continue
+        reconcile_schema(path, name, spec.arrow_schema(), schema_changes)
 
 
 def write_table_files(
@@ -316,6 +321,7 @@ class RoutedDeltaWriter:
             log.info("%s: batch %d already in %s (replay): skipped", self.app_id, batch_id, name)
             return name, None
         spec = table(name)
+        _check_columns(dt, name, spec.columns)
         actions = [
             AddAction(f.path, f.size, f.partition_values, now_ms, True,
                       f.stats or json.dumps({"numRecords": f.num_records}))
@@ -387,6 +393,20 @@ class RoutedDeltaWriter:
         return run
 
 
+def _check_columns(dt: Any, name: str, columns: Sequence[str]) -> None:
+    """Refuse to commit files whose columns the table's schema lacks: Delta would take them, and
+    readers would never see those columns (the start evolves or refuses them; this catches a table
+    changed since)."""
+    have = {f.name for f in dt.schema().fields}
+    missing = [c for c in columns if c not in have]
+    if missing:
+        raise ValueError(
+            f"table {name} lacks column(s) {missing} that this batch's files hold (was it replaced while the "
+            "job ran?). Restart faultwatch stream: at start it adds them, or says why it cannot "
+            "(storage.schema_changes)."
+        )
+
+
 def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
     """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -416,7 +436,7 @@ def write_routed(
     on the driver after the write job, before the commits, and returns more files to commit.
     ``listed``: the query's Kafka readers write files and list them with the records they read.
     """
-    ensure_tables(cfg.storage.root, tables)
+    ensure_tables(cfg.storage.root, tables, cfg.storage.schema_changes)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
     check_checkpoint_matches(cfg.storage.root, tables, checkpoint, app_id(cfg, name))
     check_other_writers(cfg, name, tables)
