@@ -161,8 +161,9 @@ class MaintenanceConfig:
     # (compacted-away files and the orphans of failed or replayed micro-batches).
     vacuum_interval_s: float = 3600.0
     vacuum_retention_h: int = 24
-    # Commit files older than this are deleted once a checkpoint follows them (delta.logRetentionDuration).
-    log_retention_h: int = 48
+    # Commit files older than this are deleted once a checkpoint as old follows them
+    # (delta.logRetentionDuration); time travel reaches back this far, as VACUUM allows.
+    log_retention_h: int = 24
 
     def validate(self) -> None:
         _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError
+from pipeline.maintenance import Maintainer
 from schemas.tables import ROUTE_COLUMN, table
 from streaming.delta_stats import file_stats
 
@@ -53,6 +54,8 @@ WRITTEN = "_written"
 # Route of a routed row that only counts: ``EVENTS_COLUMN`` holds the Kafka records its query read
 # (the ``faults`` query, whose readers write no files and so list nothing).
 COUNTED = "_events_in"
+# Key of a batch report holding what the maintenance step after the commits did (a line of text).
+MAINTENANCE = "_maintenance"
 EVENTS_COLUMN = "_events"
 # Tables the driver has loaded, by path, with their version's commit file stamp
 # (RoutedDeltaWriter._table); never shipped to executors.
@@ -189,9 +192,11 @@ class RoutedDeltaWriter:
 
     def __init__(
         self, root: str, tables: Sequence[str], app_id: str, report_dir: str | None = None, collect: bool = False,
-        driver_step: DriverStep | None = None, listed: bool = False,
+        driver_step: DriverStep | None = None, listed: bool = False, maintainer: Maintainer | None = None,
     ) -> None:
         self.root = root
+        # Table upkeep after the commits, at most one step per batch (pipeline/maintenance.py).
+        self.maintainer = maintainer
         # The query's Kafka readers list what they read (WRITTEN rows): a batch without a listing
         # read nothing, whatever rows it derived (a batch that only moves the settle point).
         self.listed = listed
@@ -274,8 +279,11 @@ class RoutedDeltaWriter:
         with ThreadPoolExecutor(max_workers=max(1, len(by_table))) as pool:
             done = list(pool.map(lambda item: self._commit_table(item[0], item[1], batchId, now_ms), by_table.items()))
         counts = {name: n for name, n in done if n is not None}
+        upkeep = self.maintainer.after_batch(counts) if self.maintainer is not None else None
         if self.report_dir:
-            report = {f.table: 0 for f in files} | counts
+            report: dict[str, Any] = {f.table: 0 for f in files} | counts
+            if upkeep is not None:
+                report[MAINTENANCE] = upkeep.describe()
             chunked = [m.events_in for m in messages if m is not None and m.events_in is not None]
             if any(m is not None and m.listed for m in messages):  # the readers' count, not derived rows
                 chunked = [m.events_in for m in messages if m is not None and m.listed and m.events_in is not None]
@@ -407,7 +415,7 @@ def _check_columns(dt: Any, name: str, columns: Sequence[str]) -> None:
         )
 
 
-def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
+def _write_report(folder: str, batch_id: int, counts: dict[str, Any]) -> None:
     """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     tmp = Path(folder) / f".{batch_id}.json.tmp"
@@ -416,7 +424,7 @@ def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
     (Path(folder) / f"{batch_id - 1000}.json").unlink(missing_ok=True)  # keep the last thousand
 
 
-def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
+def read_report(folder: str, batch_id: int) -> dict[str, Any] | None:
     try:
         return dict(json.loads((Path(folder) / f"{batch_id}.json").read_text()))
     except FileNotFoundError:
@@ -442,8 +450,11 @@ def write_routed(
     check_other_writers(cfg, name, tables)
     if layout is not None or keys:
         check_layout(checkpoint, name, layout, keys)
+    maintainer = None
+    if cfg.maintenance.enabled:
+        maintainer = Maintainer(cfg.storage.root, tables, cfg.maintenance, str(Path(checkpoint) / MAINTENANCE_FILE))
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
-                               driver_step, listed)
+                               driver_step, listed, maintainer)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)
@@ -477,6 +488,7 @@ def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, 
 # Every query ``faultwatch stream`` can run (streaming.job.CONCERNS; a test keeps them equal).
 QUERIES = ("combined", "bronze_faults", "bronze", "faults", "lag")
 LAYOUT_FILE = "faultwatch-layout.json"
+MAINTENANCE_FILE = "faultwatch-maintenance.json"  # the query's maintenance schedule
 
 
 def check_other_writers(cfg: Config, name: str, tables: Sequence[str]) -> None:
