@@ -159,3 +159,17 @@ def test_faultwatch_maintain_compacts_and_vacuums_every_table_once(tmp_path: Pat
     assert len(_live(str(root / NAME))) == 2 and _sorted(read_table(str(root), NAME)) == rows
     assert orphan not in _parquet(root)
     assert main(["maintain", "--config", str(conf), "--table", "no_such_table"]) == 2
+
+
+def test_a_failed_step_is_reported_and_the_batch_stands(tmp_path: Path) -> None:
+    """Upkeep never fails a micro-batch: a step that fails (here: a table whose log is unreadable)
+    is named with its error in the batch report, and the batch's commits are kept."""
+    ensure_tables(str(tmp_path), [NAME, "quarantine"])
+    keeper = Maintainer(str(tmp_path), [NAME, "quarantine"], CFG, clock=lambda: 0.0)
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME, "quarantine"], APP, str(tmp_path / "report"), maintainer=keeper)
+    (tmp_path / "quarantine" / "_delta_log" / f"{0:020d}.json").write_text("not json\n")
+    keeper.schedule["quarantine"].batches = CFG.compact_every_batches
+    _commit(sink, 0)
+    report = json.loads((tmp_path / "report" / "0.json").read_text())
+    assert report[NAME] == 2 and report["_maintenance"].startswith("compact quarantine failed after ")
+    assert DeltaTable(str(tmp_path / NAME)).transaction_version(APP) == 0
