@@ -16,7 +16,9 @@
    Detection latency = when a window's first row became readable minus its start (the trigger
    event's time, also its Kafka timestamp), over windows opened after a warm-up; and per live
    micro-batch its duration and its WAL and offset-commit steps.
-   ``--live-only`` skips step 1's big preload and step 2 (a live look in ~2 minutes per shape).
+   ``--live-only`` skips step 1's big preload and step 2 (a live look in ~2 minutes per shape);
+   ``--compact-every N`` runs the live job with table upkeep (a compaction per table every N
+   micro-batches, a vacuum every ``--vacuum-every-s``), to compare its micro-batches with upkeep off.
 Goals and figures: docs/performance.md.
 """
 
@@ -120,6 +122,14 @@ def bench_config(bootstrap: str, topic: str, work: Path, name: str, **extra: Any
     return cfg.replace(**extra) if extra else cfg
 
 
+def maintenance_settings(compact_every: int, vacuum_every_s: float) -> dict[str, Any]:
+    """Table upkeep for the live run: off (``compact_every`` 0), or a schedule denser than the default
+    so that a short run carries many steps."""
+    if compact_every <= 0:
+        return {"maintenance__enabled": False}
+    return {"maintenance__compact_every_batches": compact_every, "maintenance__vacuum_interval_s": vacuum_every_s}
+
+
 CONCERNS = {"bronze": ["bronze"], "separate": ["bronze", "faults"], "combined": ["bronze_faults"],
             "default": ["combined"]}
 
@@ -153,7 +163,8 @@ def child(args: argparse.Namespace) -> None:
               for n, q in queries.items() for p in q.recentProgress]
     print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
     if args.mode == "live":
-        cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0)
+        cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0,
+                           **maintenance_settings(args.compact_every, args.vacuum_every_s))
         live = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
         print("STARTED " + cfg.storage.root, flush=True)
         time.sleep(args.live_s)
@@ -267,6 +278,9 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--shapes", default="bronze,separate,combined")
     ap.add_argument("--live-only", action="store_true", help="only the live runs (no big preload, no once runs)")
+    ap.add_argument("--compact-every", type=int, default=0,
+                    help="live runs: compact each table every N micro-batches (0: table upkeep off)")
+    ap.add_argument("--vacuum-every-s", type=float, default=30.0, help="live runs with upkeep: vacuum each table this often")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("mode", "shape", "bootstrap", "topic", "warm-topic", "work"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -287,7 +301,8 @@ def main() -> None:
         if not args.live_only:
             print(f"preload: {n / secs:,.0f} events/s ({secs:.1f}s)", flush=True)
         base = ["--bootstrap", kafka.bootstrap, "--warm-topic", "bench.warm", "--work", str(work),
-                "--max-batch", str(args.max_batch)]
+                "--max-batch", str(args.max_batch), "--compact-every", str(args.compact_every),
+                "--vacuum-every-s", str(args.vacuum_every_s)]
         results = {}
         for shape in args.shapes.split(",") if not args.live_only else []:
             res, peak = run_child(base, ["--mode", "once", "--shape", shape, "--topic", "bench.send-results"])

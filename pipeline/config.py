@@ -162,6 +162,9 @@ class StorageConfig:
     checkpoint_root: str = "data/checkpoints"
     # JSON files of the current avoidance list, one per cluster, for producers that read files.
     publish_dir: str = "data/avoidance"
+    # A table lacking columns this version writes: "evolve" adds them at start (older rows read as
+    # null); "refuse" stops the start with a message naming them (see pipeline/deltaschema.py).
+    schema_changes: Literal["evolve", "refuse"] = "evolve"
 
     def table_path(self, name: str) -> str:
         return str(Path(self.root) / name)
@@ -186,6 +189,30 @@ class StreamConfig:
                   "max_future_skew_s")
         if self.watermark_delay_s < 0:
             raise ConfigError("stream.watermark_delay_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    """Upkeep of the Delta tables the streaming job writes (pipeline/maintenance.py): inside the job,
+    after a micro-batch's commits, at most one table's step per micro-batch; or `faultwatch maintain`."""
+
+    enabled: bool = True
+    # A table is compacted (then checkpointed, expired log files removed) after this many
+    # micro-batches that committed to it.
+    compact_every_batches: int = 120
+    # Compaction bin-packs files smaller than this into files about this size; larger files stay.
+    target_file_mb: int = 32
+    # A table is vacuumed this often: files no log version within the retention references are deleted
+    # (compacted-away files and the orphans of failed or replayed micro-batches).
+    vacuum_interval_s: float = 3600.0
+    vacuum_retention_h: int = 24
+    # Commit files older than this are deleted once a checkpoint as old follows them
+    # (delta.logRetentionDuration); time travel reaches back this far, as VACUUM allows.
+    log_retention_h: int = 24
+
+    def validate(self) -> None:
+        _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
+                  "log_retention_h")
 
 
 @dataclass(frozen=True)
@@ -507,6 +534,7 @@ class Config:
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     lag: LagConfig = field(default_factory=LagConfig)

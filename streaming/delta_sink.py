@@ -31,7 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError
+from pipeline.maintenance import Maintainer
 from schemas.tables import ROUTE_COLUMN, table
+from streaming.delta_stats import file_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -52,6 +54,8 @@ WRITTEN = "_written"
 # Route of a routed row that only counts: ``EVENTS_COLUMN`` holds the Kafka records its query read
 # (the ``faults`` query, whose readers write no files and so list nothing).
 COUNTED = "_events_in"
+# Key of a batch report holding what the maintenance step after the commits did (a line of text).
+MAINTENANCE = "_maintenance"
 EVENTS_COLUMN = "_events"
 # Tables the driver has loaded, by path, with their version's commit file stamp
 # (RoutedDeltaWriter._table); never shipped to executors.
@@ -73,6 +77,7 @@ class DataFile:
     size: int
     partition_values: dict[str, str]
     num_records: int
+    stats: str | None = None  # Delta's per-file statistics JSON (streaming.delta_stats)
 
 
 @dataclass
@@ -97,10 +102,13 @@ class RoutedCommit:
         return cls([DataFile(**f) for f in obj["files"]], obj["events_in"], extras, bool(obj.get("listed")))
 
 
-def ensure_tables(root: str, names: Sequence[str]) -> None:
-    """Create missing tables with their declared schema (before any query starts)."""
+def ensure_tables(root: str, names: Sequence[str], schema_changes: str = "evolve") -> None:
+    """Create missing tables with their declared schema, and bring existing ones to it (before any
+    query starts): new columns are added, or refused, per ``schema_changes`` (pipeline/deltaschema.py)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
+
+    from pipeline.deltaschema import reconcile_schema
 
     for name in names:
         spec = table(name)
@@ -112,6 +120,8 @@ def ensure_tables(root: str, names: Sequence[str]) -> None:
             DeltaTable.create(
                 path, schema=spec.arrow_schema(), mode="ignore", partition_by=list(spec.partition_by) or None
             )
+            continue
+        reconcile_schema(path, name, spec.arrow_schema(), schema_changes)
 
 
 def write_table_files(
@@ -147,15 +157,28 @@ def write_table_files(
         rel = (subdir + "/" if subdir else "") + f"{stem(i)}.zstd.parquet"
         full = Path(root) / name / rel
         full.parent.mkdir(parents=True, exist_ok=True)
-        if not (keep_existing and full.exists()):
-            # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
-            data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+        # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
+        data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+        if not (keep_existing and _stamp_anew(full)):
             target = full.with_name(f".{full.name}.{uuid.uuid4().hex}.tmp") if keep_existing else full
             pq.write_table(data, target, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
             if keep_existing:
                 os.replace(target, full)
-        out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows))
+        out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows, file_stats(data)))
     return out
+
+
+def _stamp_anew(path: Path) -> bool:
+    """Mark an existing file as just written; False if there is none.
+
+    A file kept for a replayed batch is about to be committed: VACUUM, which takes a file no log
+    holds for an orphan once it is older than the retention, must not take it meanwhile.
+    """
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 class RoutedDeltaWriter:
@@ -169,9 +192,11 @@ class RoutedDeltaWriter:
 
     def __init__(
         self, root: str, tables: Sequence[str], app_id: str, report_dir: str | None = None, collect: bool = False,
-        driver_step: DriverStep | None = None, listed: bool = False,
+        driver_step: DriverStep | None = None, listed: bool = False, maintainer: Maintainer | None = None,
     ) -> None:
         self.root = root
+        # Table upkeep after the commits, at most one step per batch (pipeline/maintenance.py).
+        self.maintainer = maintainer
         # The query's Kafka readers list what they read (WRITTEN rows): a batch without a listing
         # read nothing, whatever rows it derived (a batch that only moves the settle point).
         self.listed = listed
@@ -254,8 +279,11 @@ class RoutedDeltaWriter:
         with ThreadPoolExecutor(max_workers=max(1, len(by_table))) as pool:
             done = list(pool.map(lambda item: self._commit_table(item[0], item[1], batchId, now_ms), by_table.items()))
         counts = {name: n for name, n in done if n is not None}
+        upkeep = self.maintainer.after_batch(counts) if self.maintainer is not None else None
         if self.report_dir:
-            report = {f.table: 0 for f in files} | counts
+            report: dict[str, Any] = {f.table: 0 for f in files} | counts
+            if upkeep is not None:
+                report[MAINTENANCE] = upkeep.describe()
             chunked = [m.events_in for m in messages if m is not None and m.events_in is not None]
             if any(m is not None and m.listed for m in messages):  # the readers' count, not derived rows
                 chunked = [m.events_in for m in messages if m is not None and m.listed and m.events_in is not None]
@@ -301,8 +329,10 @@ class RoutedDeltaWriter:
             log.info("%s: batch %d already in %s (replay): skipped", self.app_id, batch_id, name)
             return name, None
         spec = table(name)
+        _check_columns(dt, name, spec.columns)
         actions = [
-            AddAction(f.path, f.size, f.partition_values, now_ms, True, json.dumps({"numRecords": f.num_records}))
+            AddAction(f.path, f.size, f.partition_values, now_ms, True,
+                      f.stats or json.dumps({"numRecords": f.num_records}))
             for f in mine
         ]
         try:
@@ -371,7 +401,21 @@ class RoutedDeltaWriter:
         return run
 
 
-def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
+def _check_columns(dt: Any, name: str, columns: Sequence[str]) -> None:
+    """Refuse to commit files whose columns the table's schema lacks: Delta would take them, and
+    readers would never see those columns (the start evolves or refuses them; this catches a table
+    changed since)."""
+    have = {f.name for f in dt.schema().fields}
+    missing = [c for c in columns if c not in have]
+    if missing:
+        raise ValueError(
+            f"table {name} lacks column(s) {missing} that this batch's files hold (was it replaced while the "
+            "job ran?). Restart faultwatch stream: at start it adds them, or says why it cannot "
+            "(storage.schema_changes)."
+        )
+
+
+def _write_report(folder: str, batch_id: int, counts: dict[str, Any]) -> None:
     """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     tmp = Path(folder) / f".{batch_id}.json.tmp"
@@ -380,7 +424,7 @@ def _write_report(folder: str, batch_id: int, counts: dict[str, int]) -> None:
     (Path(folder) / f"{batch_id - 1000}.json").unlink(missing_ok=True)  # keep the last thousand
 
 
-def read_report(folder: str, batch_id: int) -> dict[str, int] | None:
+def read_report(folder: str, batch_id: int) -> dict[str, Any] | None:
     try:
         return dict(json.loads((Path(folder) / f"{batch_id}.json").read_text()))
     except FileNotFoundError:
@@ -400,14 +444,17 @@ def write_routed(
     on the driver after the write job, before the commits, and returns more files to commit.
     ``listed``: the query's Kafka readers write files and list them with the records they read.
     """
-    ensure_tables(cfg.storage.root, tables)
+    ensure_tables(cfg.storage.root, tables, cfg.storage.schema_changes)
     checkpoint = checkpoint or checkpoint_dir(cfg, name)
     check_checkpoint_matches(cfg.storage.root, tables, checkpoint, app_id(cfg, name))
     check_other_writers(cfg, name, tables)
     if layout is not None or keys:
         check_layout(checkpoint, name, layout, keys)
+    maintainer = None
+    if cfg.maintenance.enabled:
+        maintainer = Maintainer(cfg.storage.root, tables, cfg.maintenance, str(Path(checkpoint) / MAINTENANCE_FILE))
     writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
-                               driver_step, listed)
+                               driver_step, listed, maintainer)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)
@@ -441,6 +488,7 @@ def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, 
 # Every query ``faultwatch stream`` can run (streaming.job.CONCERNS; a test keeps them equal).
 QUERIES = ("combined", "bronze_faults", "bronze", "faults", "lag")
 LAYOUT_FILE = "faultwatch-layout.json"
+MAINTENANCE_FILE = "faultwatch-maintenance.json"  # the query's maintenance schedule
 
 
 def check_other_writers(cfg: Config, name: str, tables: Sequence[str]) -> None:

@@ -185,7 +185,7 @@ def _offsets(raw: Any) -> dict[str, int] | None:
 
 
 def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO) -> None:
-    from streaming.delta_sink import read_report, report_dir
+    from streaming.delta_sink import MAINTENANCE, read_report, report_dir
 
     # recentProgress converts every retained batch's progress (up to 100) through py4j on each
     # call; _watch calls this twice a second, so ask for it only when there is a batch not seen yet.
@@ -202,6 +202,7 @@ def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO
         backlog = backlog_of(sources[0])
         counts = read_report(report_dir(prog.checkpoint), batch) or {}
         rows = counts.pop("_events_in", rows)  # chunked queries carry many events per Spark row
+        upkeep = counts.pop(MAINTENANCE, None)
         if rows == 0 and not counts:
             continue
         prog.batches += 1
@@ -213,7 +214,8 @@ def report_batches(name: str, query: StreamingQuery, prog: Progress, out: TextIO
         secs = p.get("durationMs", {}).get("triggerExecution", 0) / 1000
         print(
             f"[{name}] batch {batch}: in={rows} written={written} quarantined={quarantined} "
-            f"backlog={'?' if backlog is None else backlog}{_state_text(p)} ({secs:.1f}s)",
+            f"backlog={'?' if backlog is None else backlog}{_state_text(p)} ({secs:.1f}s)"
+            + (f" maintenance: {upkeep}" if upkeep else ""),
             file=out,
             flush=True,
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from pipeline.config import Config
 from pipeline.deltaio import read_table
@@ -34,10 +35,10 @@ WHOLE = ("send_results", "consumer_progress", "group_membership", "producer_faul
          "broker_health", "queue_lag", "group_status")
 
 
-def run(cfg: Config, tmp: Path, name: str, batch: int, partitions: int) -> Config:
+def run(cfg: Config, tmp: Path, name: str, batch: int, partitions: int, **sections: dict[str, object]) -> Config:
     mine = cfg.replace(storage__root=str(tmp / name / "tables"), storage__checkpoint_root=str(tmp / name / "ck"),
                        stream__max_events_per_batch=batch, spark__shuffle_partitions=partitions)
-    conf = write_config(mine, tmp / f"{name}.toml")
+    conf = write_config(mine, tmp / f"{name}.toml", **sections)
     log = tmp / f"{name}.log"
     proc = start_faultwatch("stream", "--config", str(conf), "--once", log=log)
     assert proc.wait(timeout=900) == 0, log.read_text(errors="replace")[-3000:]
@@ -52,13 +53,18 @@ def test_micro_batches_and_shuffle_partitions_change_no_fault_table(kafka: Any, 
     cfg = unique_topics(cfg, kafka, "batching")
     sim = Simulation(load_scenario("broker-outage").replace(duration_s=180.0))  # the episode closes
     sim.run(KafkaSink(cfg), close=True)
-    small = run(cfg, tmp_path, "small", batch=6_000, partitions=4)
+    # the small batches with table upkeep between them: a compaction or a vacuum after each batch
+    small = run(cfg, tmp_path, "small", batch=6_000, partitions=4,
+                maintenance={"compact_every_batches": 2, "vacuum_interval_s": 0.001})
     large = run(cfg, tmp_path, "large", batch=400_000, partitions=1)
 
     for c in (small, large):
         reasons = {r["reason"] for r in read_table(c.storage.root, "quarantine").to_pylist()}
         assert "late" not in reasons, reasons
     assert read_table(small.storage.root, "send_results").num_rows > 5 * 6_000  # several micro-batches
+    history = {h["operation"] for h in DeltaTable(str(Path(small.storage.root) / "send_results")).history()}
+    assert "OPTIMIZE" in history, history
+    assert "maintenance: vacuum " in (tmp_path / "small.log").read_text()  # (no commit when nothing was deleted)
     for table in WHOLE:
         assert rows(small, table) == rows(large, table), table
     for table in ("producer_fault_windows", "broker_fault_episodes", "queue_lag"):

@@ -1,0 +1,196 @@
+"""Upkeep of the Delta tables: compaction, log checkpoints, expired log files and VACUUM.
+
+The streaming job commits to each table in every micro-batch: many small files and a long log.
+:class:`Maintainer` runs after a micro-batch's commits, in the same thread (so it never races
+the job's own commits), and runs at most one table's step per micro-batch, so a batch carries at
+most one step's cost: a table is compacted (then checkpointed, expired commit files deleted)
+after ``compact_every_batches`` micro-batches that wrote to it, and vacuumed every
+``vacuum_interval_s`` (when both are due, the two kinds take turns). Its schedule is kept in a small JSON file beside the query's checkpoint, so
+a restarted job does not start counting again. :func:`maintain_all` runs every step on every
+table once (``faultwatch maintain``).
+
+Safe with the job's exactly-once writes: compaction removes and adds files without changing data
+(``dataChange`` false), and the log keeps every transaction (app id, batch id) through checkpoints;
+VACUUM deletes only files no version within the retention references, so the orphans of failed
+or replayed micro-batches go once they are older than the retention, and a file written for a
+batch not yet committed is younger than that (a reused one is stamped anew when kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import MaintenanceConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Maintainer", "StepResult", "compact", "ensure_properties", "maintain_all", "vacuum"]
+
+STEP_METADATA = "faultwatch.maintenance"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: str  # "compact" (with checkpoint and log clean-up) or "vacuum"
+    table: str
+    seconds: float
+    files_removed: int = 0  # compact: small files replaced; vacuum: files deleted
+    files_added: int = 0
+    error: str | None = None
+
+    def describe(self) -> str:
+        if self.error:
+            return f"{self.step} {self.table} failed after {self.seconds:.2f}s: {self.error}"
+        if self.step == "compact":
+            return f"compact {self.table} {self.files_removed}->{self.files_added} files {self.seconds:.2f}s"
+        return f"vacuum {self.table} {self.files_removed} files deleted {self.seconds:.2f}s"
+
+
+def table_properties(cfg: MaintenanceConfig) -> dict[str, str]:
+    """The retention settings a table keeps in its own metadata, for every engine that reads it."""
+    return {
+        "delta.logRetentionDuration": f"interval {cfg.log_retention_h} hours",
+        "delta.deletedFileRetentionDuration": f"interval {cfg.vacuum_retention_h} hours",
+    }
+
+
+def ensure_properties(uri: str, cfg: MaintenanceConfig, dt: Any = None) -> None:
+    """Set the retention properties on a table that does not hold them yet (a commit only then)."""
+    from deltalake import DeltaTable
+
+    dt = dt if dt is not None else DeltaTable(uri)
+    wanted = table_properties(cfg)
+    held = dt.metadata().configuration
+    if any(held.get(k) != v for k, v in wanted.items()):
+        dt.alter.set_table_properties(wanted, raise_if_not_exists=False)
+
+
+def compact(uri: str, cfg: MaintenanceConfig, tasks: int = 1) -> StepResult:
+    """Bin-pack the table's small files, then checkpoint its log and delete expired commit files."""
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties
+
+    began = time.perf_counter()
+    dt = DeltaTable(uri)
+    ensure_properties(uri, cfg, dt)  # the log retention the clean-up below goes by
+    metrics = dt.optimize.compact(
+        target_size=cfg.target_file_mb << 20, max_concurrent_tasks=tasks,
+        commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "compact"}),
+    )
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    return StepResult("compact", Path(uri).name, time.perf_counter() - began,
+                      int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)))
+
+
+def vacuum(uri: str, cfg: MaintenanceConfig) -> StepResult:
+    """Delete the files no version within the retention references (``full``: orphans too)."""
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties
+
+    began = time.perf_counter()
+    deleted = DeltaTable(uri).vacuum(
+        retention_hours=cfg.vacuum_retention_h, dry_run=False, enforce_retention_duration=False, full=True,
+        commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "vacuum"}),
+    )
+    return StepResult("vacuum", Path(uri).name, time.perf_counter() - began, len(deleted))
+
+
+STEPS: dict[str, Callable[[str, MaintenanceConfig], StepResult]] = {"compact": compact, "vacuum": vacuum}
+
+
+def maintain_all(root: str, tables: Sequence[str], cfg: MaintenanceConfig) -> list[StepResult]:
+    """Every step on every table once (``faultwatch maintain``); a failure is reported, not raised."""
+    out = []
+    for name in tables:
+        uri = str(Path(root) / name)
+        ensure_properties(uri, cfg)
+        for step in STEPS:
+            out.append(_run(step, uri, cfg))
+    return out
+
+
+def _run(step: str, uri: str, cfg: MaintenanceConfig) -> StepResult:
+    began = time.perf_counter()
+    try:
+        return STEPS[step](uri, cfg)
+    except Exception as exc:  # upkeep must not stop the job: said in the log and the progress line
+        log.warning("maintenance: %s of %s failed", step, uri, exc_info=True)
+        return StepResult(step, Path(uri).name, time.perf_counter() - began, error=f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class _TableSchedule:
+    batches: int = 0  # micro-batches that wrote to the table since its last compaction
+    vacuumed_at: float = 0.0  # wall clock (s) of its last vacuum, or of when it was first seen
+
+
+class Maintainer:
+    """The schedule of one query's tables, advanced after each micro-batch's commits."""
+
+    def __init__(self, root: str, tables: Sequence[str], cfg: MaintenanceConfig, state_path: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.tables = list(tables)
+        self.cfg = cfg
+        self.state_path = Path(state_path) if state_path else None
+        self.clock = clock
+        self.schedule = self._load()
+        self.last_step: str | None = None
+        for name in self.tables:
+            ensure_properties(str(Path(root) / name), cfg)
+
+    def _load(self) -> dict[str, _TableSchedule]:
+        held: dict[str, Any] = {}
+        if self.state_path is not None and self.state_path.exists():
+            held = json.loads(self.state_path.read_text())
+        now = self.clock()
+        return {name: _TableSchedule(**held[name]) if name in held else _TableSchedule(0, now) for name in self.tables}
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps({name: asdict(s) for name, s in self.schedule.items()}))
+        tmp.replace(self.state_path)
+
+    def due(self) -> tuple[str, str] | None:
+        """(step, table) to run now, or None: the table most overdue for its step; when both a
+        compaction and a vacuum are due, the kind that did not run last (neither starves)."""
+        now = self.clock()
+        # (how overdue, table): the most written-to since its compaction, the longest unvacuumed
+        full: list[tuple[float, str]] = [(-s.batches, n) for n, s in self.schedule.items() if s.batches >= self.cfg.compact_every_batches]
+        stale: list[tuple[float, str]] = [(s.vacuumed_at, n) for n, s in self.schedule.items()
+                 if now - s.vacuumed_at >= self.cfg.vacuum_interval_s]
+        kinds = {"compact": full, "vacuum": stale}
+        ready = [kind for kind, tables in kinds.items() if tables]
+        if not ready:
+            return None
+        kind = next((k for k in ready if k != self.last_step), ready[0])
+        return kind, min(kinds[kind])[1]
+
+    def after_batch(self, committed: Iterable[str]) -> StepResult | None:
+        """Count a micro-batch's commits, then run the one step most due (if any)."""
+        for name in committed:
+            if name in self.schedule:
+                self.schedule[name].batches += 1
+        due = self.due()
+        result = None
+        if due is not None:
+            step, name = due
+            result = _run(step, str(Path(self.root) / name), self.cfg)
+            self.last_step = step
+            if step == "compact":
+                self.schedule[name].batches = 0
+            else:
+                self.schedule[name].vacuumed_at = self.clock()
+            log.info("maintenance: %s", result.describe())
+        self._save()
+        return result

@@ -1,0 +1,175 @@
+"""Table upkeep on real Delta tables written by the sink: compaction keeps every row and every
+transaction, VACUUM deletes orphans only after the retention and never a file the log holds, and
+the schedule runs one step per micro-batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from pipeline.config import MaintenanceConfig
+from pipeline.deltaio import read_table
+from pipeline.maintenance import Maintainer, compact, vacuum
+from schemas.tables import ROUTE_COLUMN, table
+from streaming.delta_sink import RoutedDeltaWriter, ensure_tables, write_table_files
+
+NAME = "broker_health"
+APP = "test:upkeep"
+CFG = MaintenanceConfig(compact_every_batches=3, vacuum_interval_s=100.0, vacuum_retention_h=24, log_retention_h=48)
+DAY_S = 86_400
+
+
+def _rows(batch: int, n: int = 2) -> pa.RecordBatch:
+    schema = table(NAME).arrow_schema()
+    cols = {f.name: pa.array([batch * 10 + i for i in range(n)]).cast(f.type) for f in schema
+            if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)}
+    cols |= {"cluster": pa.array(["c1"] * n), "broker_name": pa.array([f"b{i}" for i in range(n)]),
+             "failures_by_error": pa.array([[]] * n, pa.map_(pa.string(), pa.int64())),
+             "event_date": pa.array(["2026-11-27" if batch % 2 else "2026-11-28"] * n), ROUTE_COLUMN: pa.array([NAME] * n)}
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def _commit(sink: RoutedDeltaWriter, batch: int) -> None:
+    sink.commit([sink.write(iter([_rows(batch)]), batch)], batch)
+
+
+def _sorted(t: pa.Table) -> list[dict[str, object]]:
+    return sorted(t.to_pylist(), key=lambda r: (r["event_date"], r["minute_ms"], r["broker_name"]))
+
+
+def _parquet(root: Path) -> set[str]:
+    return {str(p.relative_to(root / NAME)) for p in (root / NAME).rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def _live(uri: str) -> set[str]:
+    """The data files the table's current version holds."""
+    return set(pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist())
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_compaction_leaves_fewer_files_the_same_rows_and_every_transaction(tmp_path: Path) -> None:
+    ensure_tables(str(tmp_path), [NAME])
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME], APP)
+    for batch in range(12):
+        _commit(sink, batch)
+    uri = str(tmp_path / NAME)
+    before = _sorted(read_table(str(tmp_path), NAME))
+    assert len(_live(uri)) == 12
+    DeltaTable(uri).create_checkpoint()  # the log as it was three days ago: commits 0-12, a checkpoint at 12
+    for log_file in (tmp_path / NAME / "_delta_log").glob("0*"):
+        _age(log_file, 3 * DAY_S)
+
+    done = compact(uri, CFG)
+    assert (done.files_removed, done.files_added, done.error) == (12, 2, None)  # one file per day
+    dt = DeltaTable(uri)
+    assert len(_live(uri)) == 2 and _sorted(read_table(str(tmp_path), NAME)) == before
+    last = json.loads((tmp_path / NAME / "_delta_log" / "_last_checkpoint").read_text())
+    assert last["version"] == dt.version()
+    left = sorted(int(p.name[:20]) for p in (tmp_path / NAME / "_delta_log").glob("*.json"))
+    assert left == [12, 13, 14]  # commits before the expired checkpoint are gone: it holds their state
+    fresh = DeltaTable(uri)
+    assert fresh.transaction_version(APP) == 11
+    _commit(RoutedDeltaWriter(str(tmp_path), [NAME], APP), 11)  # a replay after compaction: still skipped
+    assert _sorted(read_table(str(tmp_path), NAME)) == before
+
+
+def test_vacuum_deletes_orphans_after_the_retention_and_never_a_file_the_log_holds(tmp_path: Path) -> None:
+    ensure_tables(str(tmp_path), [NAME])
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME], APP)
+    for batch in range(4):
+        _commit(sink, batch)
+    uri = str(tmp_path / NAME)
+    old_orphan = sink.write(iter([_rows(90)]), 90).files[0].path  # a failed batch's file, never committed
+    young_orphan = sink.write(iter([_rows(91)]), 91).files[0].path
+    _age(tmp_path / NAME / old_orphan, 2 * DAY_S)
+    for path in _parquet(tmp_path) - {young_orphan}:  # everything else is old as well
+        _age(tmp_path / NAME / path, 2 * DAY_S)
+    committed = _parquet(tmp_path) - {old_orphan, young_orphan}
+    compact(uri, CFG)  # the four committed files are now compacted away: removed from the log just now
+    live = _live(uri)
+    rows = _sorted(read_table(str(tmp_path), NAME))
+
+    done = vacuum(uri, CFG)
+    assert (done.files_removed, done.error) == (1, None)
+    assert _parquet(tmp_path) == committed | live | {young_orphan}  # removed only 24 h after their removal
+    assert all((tmp_path / NAME / f).exists() for f in _live(uri))
+    assert _sorted(read_table(str(tmp_path), NAME)) == rows
+
+
+def test_a_file_kept_for_a_replayed_batch_survives_vacuum_until_committed(tmp_path: Path) -> None:
+    """A Kafka reader keeps the file a killed attempt wrote for the same offsets: it is stamped anew,
+    so a vacuum between the reader and the commit does not take it for an old orphan."""
+    ensure_tables(str(tmp_path), [NAME])
+    rows = pa.Table.from_batches([_rows(5)]).drop_columns([ROUTE_COLUMN])
+    first = write_table_files(str(tmp_path), NAME, rows, lambda i: f"part-reader-{i}", keep_existing=True)
+    _age(tmp_path / NAME / first[0].path, 2 * DAY_S)  # the attempt before a long outage
+    again = write_table_files(str(tmp_path), NAME, rows, lambda i: f"part-reader-{i}", keep_existing=True)
+    assert again == first
+    vacuum(str(tmp_path / NAME), CFG)
+    assert _parquet(tmp_path) == {first[0].path}
+
+
+def test_the_schedule_runs_one_step_per_batch_and_survives_a_restart(tmp_path: Path) -> None:
+    ensure_tables(str(tmp_path), [NAME, "quarantine"])
+    now = [1_000.0]
+    state = str(tmp_path / "checkpoint" / "faultwatch-maintenance.json")
+    keeper = Maintainer(str(tmp_path), [NAME, "quarantine"], CFG, state, clock=lambda: now[0])
+    assert DeltaTable(str(tmp_path / NAME)).metadata().configuration == {
+        "delta.logRetentionDuration": "interval 48 hours", "delta.deletedFileRetentionDuration": "interval 24 hours"}
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME, "quarantine"], APP, str(tmp_path / "report"), maintainer=keeper)
+    steps = []
+    for batch in range(4):
+        _commit(sink, batch)
+        steps.append(json.loads((tmp_path / "report" / f"{batch}.json").read_text()).get("_maintenance"))
+    assert steps == [None, None, "compact broker_health 2->1 files " + steps[2].split()[-1], None]
+    now[0] += 100.0  # both tables are due for a vacuum: one step per batch, compaction first
+    again = Maintainer(str(tmp_path), [NAME, "quarantine"], CFG, state, clock=lambda: now[0])  # a restart
+    assert again.schedule[NAME].batches == 1
+    assert [(r.step, r.table) for r in (again.after_batch([NAME]), again.after_batch([NAME]), again.after_batch([NAME]))
+            ] == [("vacuum", NAME), ("compact", NAME), ("vacuum", "quarantine")]
+    assert again.after_batch([]) is None
+
+
+def test_faultwatch_maintain_compacts_and_vacuums_every_table_once(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from faultwatch.cli import main
+
+    root = tmp_path / "tables"
+    ensure_tables(str(root), [NAME])
+    sink = RoutedDeltaWriter(str(root), [NAME], APP)
+    for batch in range(6):
+        _commit(sink, batch)
+    orphan = sink.write(iter([_rows(90)]), 90).files[0].path
+    _age(root / NAME / orphan, 2 * DAY_S)
+    rows = _sorted(read_table(str(root), NAME))
+    conf = tmp_path / "faultwatch.toml"
+    conf.write_text(f'[storage]\nroot = "{root}"\n[maintenance]\nvacuum_retention_h = 24\n')
+
+    assert main(["maintain", "--config", str(conf)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(" ", 1)[0] for line in out] == [f"compact {NAME} 6->2 files", f"vacuum {NAME} 1 files deleted"]
+    assert len(_live(str(root / NAME))) == 2 and _sorted(read_table(str(root), NAME)) == rows
+    assert orphan not in _parquet(root)
+    assert main(["maintain", "--config", str(conf), "--table", "no_such_table"]) == 2
+
+
+def test_a_failed_step_is_reported_and_the_batch_stands(tmp_path: Path) -> None:
+    """Upkeep never fails a micro-batch: a step that fails (here: a table whose log is unreadable)
+    is named with its error in the batch report, and the batch's commits are kept."""
+    ensure_tables(str(tmp_path), [NAME, "quarantine"])
+    keeper = Maintainer(str(tmp_path), [NAME, "quarantine"], CFG, clock=lambda: 0.0)
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME, "quarantine"], APP, str(tmp_path / "report"), maintainer=keeper)
+    (tmp_path / "quarantine" / "_delta_log" / f"{0:020d}.json").write_text("not json\n")
+    keeper.schedule["quarantine"].batches = CFG.compact_every_batches
+    _commit(sink, 0)
+    report = json.loads((tmp_path / "report" / "0.json").read_text())
+    assert report[NAME] == 2 and report["_maintenance"].startswith("compact quarantine failed after ")
+    assert DeltaTable(str(tmp_path / NAME)).transaction_version(APP) == 0
