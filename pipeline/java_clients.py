@@ -12,14 +12,13 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.children import DIE_WITH_PARENT
 from pipeline.jvm import JvmError, java_binary, maven_classpath
-from pipeline.kafka_local import _die_with_parent
 from pipeline.rocketmq_cluster import JDK17_FLAGS
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients" / "java"
@@ -69,7 +68,7 @@ class LabDriver:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -136,5 +135,5 @@ def start_poller(namesrv: str, cluster: str, groups: Sequence[str], home: Path, 
     with open(home / "events.jsonl", "ab") as out, open(home / "status.jsonl", "ab") as err:
         return subprocess.Popen(
             argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
         )

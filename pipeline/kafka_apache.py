@@ -14,9 +14,7 @@ import base64
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -25,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.children import DIE_WITH_PARENT, stop_child
 from pipeline.jvm import java_binary, maven_classpath
-from pipeline.kafka_local import _die_with_parent, create_topics, free_port
+from pipeline.kafka_local import create_topics, free_port
 from schemas.errors import FaultwatchError
 
 KAFKA_VERSION = "4.1.1"
@@ -119,20 +118,13 @@ class ApacheKafka:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                # only a prctl() call between fork and exec: safe with threads in the parent
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
             )
         wait_answering(self.bootstrap, self.proc, self.log_path, timeout_s, self.client_options)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the broker (SIGTERM: a clean shutdown; SIGKILL if it takes longer than ``timeout_s``)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, timeout_s)
 
     def close(self) -> None:
         """Stop the broker and delete its data folder (if this object made it)."""

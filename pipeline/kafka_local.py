@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.children import DIE_WITH_PARENT, stop_child
 from schemas.errors import FaultwatchError
 
 
@@ -40,18 +41,6 @@ def tansu_binary() -> Path:
     if not os.access(path, os.X_OK):
         path.chmod(path.stat().st_mode | 0o111)
     return path
-
-
-def _die_with_parent() -> None:
-    """In the broker's child process (Linux): get SIGTERM when the parent dies, even by SIGKILL,
-    so a crashed test or demo never leaves an orphan broker behind."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the context managers still stop it on every normal exit
 
 
 def free_port() -> int:
@@ -85,13 +74,7 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, timeout_s)
 
     def __enter__(self) -> LocalKafka:  # noqa: PYI034 - a dataclass, not meant to be subclassed
         return self
@@ -129,8 +112,7 @@ def start_local_kafka(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
-            # only a prctl() call between fork and exec: safe with threads in the parent
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
         )
     kafka = LocalKafka(port=port, proc=proc, log_path=log_path)
     try:

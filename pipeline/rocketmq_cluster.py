@@ -14,15 +14,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.children import DIE_WITH_PARENT, stop_child
 from pipeline.jvm import JvmError, java_binary, maven_classpath
-from pipeline.kafka_local import _die_with_parent, free_port
+from pipeline.kafka_local import free_port
 
 SERVER_VERSION = "5.3.3"
 CLUSTER_NAME = "DefaultCluster"
@@ -82,8 +82,7 @@ class JavaProcess:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                 start_new_session=True,
-                # only a prctl() call between fork and exec: safe with threads in the parent
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
             )
 
     @property
@@ -96,15 +95,7 @@ class JavaProcess:
             self.proc.send_signal(sig)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)  # a frozen JVM cannot handle SIGTERM
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_child(self.proc, timeout_s)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
