@@ -98,13 +98,13 @@ class Publisher(threading.Thread):
                 self.cycles.append(f"error: {type(exc).__name__}: {exc}")
 
     def inputs_ready(self) -> bool:
-        from pipeline.deltaio import table_version
+        from pipeline.deltaio import table_has_rows
 
-        return any((table_version(self.cfg.storage.root, name) or 0) > 0 for name in FAULT_INPUTS)
+        return any(table_has_rows(self.cfg.storage.root, name) for name in FAULT_INPUTS)
 
 
 # The tables the publisher's snapshot reads (see pipeline/policy/inputs.py); each is created empty
-# (version 0) before the streaming job starts.
+# before the streaming job starts, and the job's first commits may only set its properties.
 FAULT_INPUTS = ("broker_fault_episodes_live", "broker_health", "producer_fault_windows_live")
 
 

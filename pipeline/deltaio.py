@@ -41,6 +41,15 @@ def table_version(root: str, name: str) -> int | None:
     return int(DeltaTable(uri).version()) if DeltaTable.is_deltatable(uri) else None
 
 
+def table_has_rows(root: str, name: str) -> bool:
+    """True once a commit has added a data file (a created table, or one whose only commits set
+    properties or columns, has none)."""
+    from deltalake import DeltaTable
+
+    uri = table_uri(root, name)
+    return bool(DeltaTable.is_deltatable(uri) and DeltaTable(uri).file_uris())
+
+
 def _declared_schema(name: str) -> pa.Schema | None:
     from schemas.tables import all_tables
 

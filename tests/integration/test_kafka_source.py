@@ -239,7 +239,7 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     part = TopicPartitionRange("src.write", 0, "send_result", 0, 300)
     try:
         first = list(r.read(part))
-        mtimes = {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")}
+        before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*.parquet")}
         second = list(r.read(part))
     finally:
         r.stop()
@@ -265,7 +265,11 @@ def test_write_mode_writes_its_files_once_and_feeds_only_the_named_tables(kafka,
     assert all(pa.types.is_string(t.schema.field("event_id").type) for t in fed_events)
     # the replay: same listing, same files untouched, no temporary file left behind
     assert [b.to_pylist() for b in second if b.column("_table").to_pylist() == [WRITTEN]] == [listing[0].to_pylist()]
-    assert {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")} == mtimes
+    # the same files with the same bytes; a kept file's mtime is refreshed (never older), so that a
+    # vacuum running beside the job cannot take it for an old orphan before the batch commits it
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*.parquet")}
+    assert {p: b for p, (b, _) in after.items()} == {p: b for p, (b, _) in before.items()}
+    assert all(after[p][1] >= before[p][1] for p in before)
     assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
 
 
