@@ -88,6 +88,14 @@ class KafkaConfig:
                   for k, v in self.client.items()}
         object.__setattr__(self, "client", MappingProxyType(masked))
 
+    # A mappingproxy does not pickle, and Spark ships the config to its tasks inside the sinks.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "client": dict(self.client)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, MappingProxyType(value) if key == "client" else value)
+
     def validate(self) -> None:
         _positive(self, "request_timeout_ms", "connect_timeout_s", "partitions")
         self.starting_position()

@@ -38,6 +38,7 @@ from pipeline.policy import (
 from pipeline.policy.inputs import build_snapshot, previous_state
 from pipeline.publish import alerts, claim, crash, sinks, wire
 from pipeline.publish.gate import GateResult, run_gate
+from schemas.errors import FaultwatchError
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def _date(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d")
 
 
-class TableError(RuntimeError):
+class TableError(FaultwatchError, RuntimeError):
     """A table the cycle needs cannot be read: the message names it and its location."""
 
 

@@ -36,6 +36,24 @@ def test_a_secret_named_client_value_is_masked() -> None:
     assert "s3cr3t" not in repr(kafka)
 
 
+def test_a_config_with_client_settings_travels_to_spark_tasks() -> None:
+    """Spark pickles the sinks, and the config inside them, for every task."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from pipeline.config import Config, KafkaConfig, Secret
+
+    cfg = Config().replace(kafka=KafkaConfig(client={"metadata_max_age_ms": 1000, "token_secret": "s3cr3t"}))
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        shipped = pickle.loads(dumps(cfg))
+        assert shipped == cfg
+        assert dict(shipped.kafka.client) == dict(cfg.kafka.client)
+        assert isinstance(shipped.kafka.client["token_secret"], Secret)
+        with pytest.raises(TypeError):  # still read-only on the other side
+            shipped.kafka.client["metadata_max_age_ms"] = 1  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
