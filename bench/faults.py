@@ -11,15 +11,12 @@
    one Kafka read, one sink); and with ``--shapes ...,default`` the default job (bronze, faults
    and lag in one query). Prints events/s, the ratio to (a), the process tree's peak RSS and per
    micro-batch its duration and the fault state's size;
-3. live, for each shape but (a): a 1 s trigger while another process (at nice 10, below the job)
-   sends ``--rate`` events/s stamped with the wall clock; this process polls ``producer_fault_windows_live`` in Delta every 100 ms.
-   Detection latency = when a window's first row became readable minus its start (the trigger
-   event's time, also its Kafka timestamp), over windows opened after a warm-up; and per live
-   micro-batch its duration and its WAL and offset-commit steps.
-   ``--live-only`` skips step 1's big preload and step 2 (a live look in ~2 minutes per shape);
-   ``--compact-every N`` runs the live job with table upkeep (a compaction per table every N
-   micro-batches, a vacuum every ``--vacuum-every-s``), to compare its micro-batches with upkeep off.
-Goals and figures: docs/performance.md.
+3. live, for each shape but (a): a 1 s trigger while another process (nice 10) sends ``--rate``
+   wall-clock-stamped events/s and this one polls ``producer_fault_windows_live`` every 100 ms.
+   Detection latency = when a window's first row became readable minus its start, over windows
+   opened after a warm-up; and per live micro-batch its duration and its WAL and commit steps.
+``--live-only`` skips steps 1-2 (~2 minutes per shape); ``--compact-every N`` adds table upkeep (a
+compaction per table every N batches, a vacuum every ``--vacuum-every-s``). Figures: docs/performance.md.
 """
 
 from __future__ import annotations
