@@ -181,8 +181,9 @@ def test_feed_client_ignores_an_expired_list(driver, rmq_topic: str) -> None:  #
     before = items_by_broker(d)
     now = int(time.time() * 1000)
     assert d.command("feed " + avoidance_list(now - 200_000, now - 1, {"broker-c": now + 60_000}))["accepted"]
-    assert items_by_broker(d)["broker-c"]["start_timestamp"] <= before["broker-c"]["start_timestamp"] + 1000
-    assert items_by_broker(d)["broker-c"]["start_timestamp"] < now + 1000
+    # No send ran since ``before``: an ignored list leaves the producer's table exactly as it was (a
+    # window the client opened itself on a slow send stays what it was, however slow the machine).
+    assert items_by_broker(d) == before
 
 
 def test_feed_has_no_effect_when_the_producer_runs_without_latency_fault_tolerance(  # type: ignore[no-untyped-def]
