@@ -27,7 +27,7 @@ import pytest
 from pipeline.publish.sinks import write_cluster_files
 from tests.integration.processes import kill_tree
 from tests.integration.test_serve_security import self_signed, start_serve, write_serve_config
-from tests.unit.test_serve import CLUSTER, avoidance_doc, get, get_json, write_outage_tables
+from tests.unit.test_serve import CLUSTER, _write, avoidance_doc, get, get_json, write_outage_tables
 
 MIB = 1 << 20
 BOUND_S = 60.0  # generous bound for events; only a broken server takes this long
@@ -257,3 +257,44 @@ def test_tls_connections_without_a_handshake(tmp_path: Path) -> None:
             for sock in silent:
                 sock.close()
         answered(s)
+
+
+def test_an_unreadable_table_under_rust_backtrace_gets_short_503s_without_paths(tmp_path: Path) -> None:
+    with started(tmp_path, env={"RUST_BACKTRACE": "full"}) as s:
+        base = warmed(s)
+        table = s.tmp / "tables" / "queue_lag"
+        _write(s.tmp / "tables", "queue_lag", [{"cluster": CLUSTER, "consumer_group": "CG_pay", "topic": "TopicPay",
+                                                "broker_name": "broker-a", "queue_id": 0, "ts_ms": 1, "event_date": "x"}])
+        newest = max(table.rglob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        newest.write_bytes(b"not parquet at all")
+        doc = wait_for(lambda: (r := get_json(s.url + "healthz"))[0] == 503 and r, "healthz 503")[1]
+        assert len(doc["reasons"]) == 1 and doc["reasons"][0].startswith("table queue_lag unreadable: "), doc
+        answers = [get(s.url + "healthz"), get(f"{s.url}v3/rocketmq/{CLUSTER}/consumer/CG_pay/status"),
+                   get(s.url + "nowhere")]
+        assert [a[0] for a in answers] == [503, 503, 404]
+        for _, body, _ in answers:
+            text = body.decode()
+            assert len(body) < 1024 and str(s.tmp) not in text and "backtrace" not in text.lower(), text
+        answered(s)
+        assert s.rss() - base < 20 * MIB
+
+
+def test_gzip_only_when_accepted_and_every_request_logged_at_v(served: Served) -> None:
+    import urllib.request
+
+    warmed(served)
+
+    def metrics(accept: str) -> tuple[str | None, bytes]:
+        request = urllib.request.Request(served.url + "metrics", headers={"Accept-Encoding": accept})
+        with urllib.request.urlopen(request, timeout=BOUND_S) as resp:
+            return resp.headers.get("Content-Encoding"), resp.read()
+
+    assert metrics("gzip")[0] == "gzip"
+    encoding, body = metrics("gzip;q=0, identity")
+    assert encoding is None and b"faultwatch_table_up" in body
+    with raw(served) as sock:  # and a bad request is logged too, with its status
+        sock.sendall(b"GET /x HTTP/1.1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+    log = wait_for(lambda: (t := served.log.read_text()).count('"GET /metrics HTTP/1.1" 200') >= 8 and t,
+                   "the access log lines")
+    assert '"GET /x HTTP/1.1" 400' in log
