@@ -204,9 +204,10 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-# asyncio's TLS transport allocates (and zero-fills) a read buffer of SSLProtocol.max_size, 256 KiB,
-# for every accepted connection, before its handshake: ~80 MB for 300 silent connections. A TLS
-# record carries at most 16 KiB, so 32 KiB reads lose nothing.
+# asyncio's TLS transport (serve.loop = "asyncio") allocates and zero-fills a read buffer of
+# SSLProtocol.max_size, 256 KiB, for every accepted connection, before its handshake: ~80 MB for 300
+# silent connections. A TLS record carries at most 16 KiB, so 32 KiB reads lose nothing. (uvloop's
+# mallocs its buffer without touching it: the pages become resident only as data arrives.)
 _TLS_READ_BUFFER = 32 * 1024
 
 

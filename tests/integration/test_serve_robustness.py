@@ -241,10 +241,11 @@ def test_a_flood_of_wrong_passwords_costs_bcrypt_once_per_header(tmp_path: Path)
         assert text.count("failed login") == 1 and "user 'prometheus'" in text
 
 
-def test_tls_connections_without_a_handshake(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_tls_connections_without_a_handshake(tmp_path: Path, loop: str) -> None:
     cert, key = self_signed(tmp_path)
     env = {"FAULTWATCH_SERVE_TLS_CERT_FILE": str(cert), "FAULTWATCH_SERVE_TLS_KEY_FILE": str(key)}
-    with started(tmp_path, env=env) as s:
+    with started(tmp_path, f'loop = "{loop}"\n', env=env) as s:
         s.context = ssl.create_default_context(cafile=str(cert))
         base = warmed(s)
         silent = [raw(s) for _ in range(200)]
