@@ -170,7 +170,7 @@ def test_slowloris_and_idle_connections_are_closed(served: Served) -> None:
 
 
 def test_names_that_look_like_paths_reach_only_their_own_resource(served: Served) -> None:
-    warmed(served)
+    base = warmed(served)
     now_ms = int(time.time() * 1000)
     write_cluster_files(str(served.tmp / "avoidance"), [
         (n, orjson.dumps(avoidance_doc(n, now_ms))) for n in (f"{CLUSTER}/consumer", "..", "x%2fy")])
@@ -181,10 +181,12 @@ def test_names_that_look_like_paths_reach_only_their_own_resource(served: Served
     assert get_json(f"{api}/%2E%2E/avoidance")[1]["cluster"] == ".."
     assert get_json(f"{api}/x%252fy/avoidance")[1]["cluster"] == "x%2fy"
     assert get_json(f"{api}/x%2fy/avoidance")[0] == 404
+    answered(served)
+    assert served.rss() - base < 20 * MIB
 
 
 def test_a_deleted_table_and_a_bad_avoidance_file_are_named(served: Served) -> None:
-    warmed(served)
+    base = warmed(served)
     table = served.tmp / "tables" / "broker_health"
     table.rename(served.tmp / "away")
     (served.tmp / "avoidance" / "Bad.json").write_bytes(b'{"cluster": "Bad", "decided_ms": []}')
@@ -199,6 +201,8 @@ def test_a_deleted_table_and_a_bad_avoidance_file_are_named(served: Served) -> N
     assert b'faultwatch_table_up{table="broker_health"} 0.0' in metrics
     assert b'faultwatch_avoidance_file_unusable{file="Bad.json"} 1.0' in metrics
     assert get(served.url + f"v3/rocketmq/{CLUSTER}/avoidance")[0] == 200  # the good list still served
+    answered(served)
+    assert served.rss() - base < 20 * MIB
     (served.tmp / "away").rename(table)
     (served.tmp / "avoidance" / "Bad.json").unlink()
     wait_for(lambda: get_json(served.url + "healthz")[0] == 200, "healthz 200 again")
