@@ -152,11 +152,12 @@ def report(run: LabRun) -> dict[str, Any]:
                  f"per producer {failures})")
 
     first = first_avoidance_ms(run)
-    applied = [s["first_applied_ms"] - kill for s in run.feed_stats.values() if s["first_applied_ms"] >= kill]
+    applied = [s["first_applied_by_broker"][KILLED] - kill for s in run.feed_stats.values()
+               if s["first_applied_by_broker"].get(KILLED, 0) >= kill]
     facts["kill_to_avoidance_s"] = None if first is None else (first - kill) / 1000
     facts["kill_to_applied_p50_s"] = statistics.median(applied) / 1000 if applied else None
     lines.append(f"kill -> first avoidance record naming {KILLED} on {run.avoidance_topic}: "
                  + ("none" if first is None else f"{(first - kill) / 1000:.1f}s")
-                 + "; -> first producer applying it: "
+                 + f"; -> feed producers writing {KILLED} into their tables: "
                  + (f"p50 {statistics.median(applied) / 1000:.1f}s over {len(applied)} feed producers" if applied else "none"))
     return {"lines": lines, "facts": facts}

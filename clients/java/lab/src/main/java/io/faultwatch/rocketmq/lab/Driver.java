@@ -177,6 +177,7 @@ public final class Driver {
         out.put("rejected", feed.rejected());
         out.put("first_applied_ms", feedTarget.firstAppliedMs());
         out.put("applied", new TreeMap<>(feedTarget.applied()));
+        out.put("first_applied_by_broker", new TreeMap<>(feedTarget.firstAppliedByBroker()));
     }
 
     private void hookStats(Map<String, Object> out) {
