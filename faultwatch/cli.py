@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from pipeline.config import ConfigError
 
-COMMANDS = ("demo", "stream", "kafka", "simulate", "replay", "publish", "report", "serve", "maintain")
+COMMANDS = ("demo", "lab", "stream", "kafka", "simulate", "replay", "publish", "report", "serve", "maintain")
 
 
 def build_parser() -> argparse.ArgumentParser:

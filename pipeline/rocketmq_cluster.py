@@ -212,6 +212,13 @@ class RocketMQCluster:
             time.sleep(0.5)
         raise ClusterError(f"brokers {list(names)} not all in the name server's cluster list:\n{listed}")
 
+    def add_running_broker(self, name: str, timeout_s: float = 180.0) -> None:
+        """Start one more broker ``name`` (on its own free ports) in the running cluster and wait for it."""
+        if name in self.brokers:
+            raise ClusterError(f"broker {name} is already in the cluster")
+        self.add_broker(name, _broker_base_port(1))
+        self.start_brokers([name], timeout_s)
+
     def kill(self, name: str) -> None:
         """SIGKILL: clients get refused connections; the name server drops the broker's route."""
         self.brokers[name].kill()

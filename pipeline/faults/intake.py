@@ -91,7 +91,8 @@ def screen(
     q: list[dict[str, Any]] = []
     if bad.any():
         q += quarantine(events, np.flatnonzero(bad), "bad_client_version",
-                         lambda i: f"client_version {events['client_version'][i]!r} is not a RocketMQ version")
+                         lambda i: f"client_version {events['client_version'][i]!r}: no fault table for this "
+                         "RocketMQ client version (the rules model 4.0 and later)")
     if late.any():
         q += quarantine(events, np.flatnonzero(late), "late",
                          lambda i: f"ts_ms {int(ts[i])} is at or before the watermark {watermark_ms}")

@@ -58,6 +58,7 @@ public final class AvoidanceFeed implements AutoCloseable {
         final Map<String, Long> applied = new ConcurrentHashMap<>();
         final Set<String> released = ConcurrentHashMap.newKeySet();
         volatile long firstAppliedMs;
+        final Map<String, Long> firstAppliedByBroker = new ConcurrentHashMap<>();
 
         Target(String cluster, FaultTable table) {
             this.cluster = cluster;
@@ -71,6 +72,11 @@ public final class AvoidanceFeed implements AutoCloseable {
 
         public long firstAppliedMs() {
             return firstAppliedMs;
+        }
+
+        /** Broker -> when the feed first wrote a recommendation for it into this producer's table. */
+        public Map<String, Long> firstAppliedByBroker() {
+            return new HashMap<>(firstAppliedByBroker);
         }
     }
 
@@ -175,6 +181,7 @@ public final class AvoidanceFeed implements AutoCloseable {
             return;
         }
         t.table.update(broker, item == null ? 0 : item.currentLatency, until - nowMs);
+        t.firstAppliedByBroker.putIfAbsent(broker, nowMs);
         if (t.applied.put(broker, until) == null && t.firstAppliedMs == 0) {
             t.firstAppliedMs = nowMs;
         }

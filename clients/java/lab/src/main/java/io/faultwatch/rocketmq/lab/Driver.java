@@ -32,7 +32,7 @@ import org.apache.rocketmq.common.message.Message;
  * carries faultwatch's send hook and, when asked, its feed client; {@code faults} reads the
  * producer's own fault table through {@link FaultTable}.
  *
- * Commands: {@code send N}, {@code faults}, {@code hook}, {@code flush}, {@code feed JSON},
+ * Commands: {@code send N}, {@code faults}, {@code hook}, {@code flush}, {@code feed JSON}, {@code feedstats},
  * {@code consume GROUP}, {@code quit}.
  */
 public final class Driver {
@@ -42,6 +42,7 @@ public final class Driver {
     private final DefaultMQProducer producer;
     private final FaultwatchSendHook hook;
     private final AvoidanceFeed feed;
+    private AvoidanceFeed.Target feedTarget;
     private final FaultTable table;
     private final String topic;
     private final List<DefaultMQPushConsumer> consumers = new ArrayList<>();
@@ -68,7 +69,7 @@ public final class Driver {
         table = new FaultTable(producer);
         feed = startFeed();
         if (feed != null) {
-            feed.attach(producer, need("cluster"));
+            feedTarget = feed.attach(producer, need("cluster"));
         }
     }
 
@@ -110,6 +111,7 @@ public final class Driver {
                 out.put("rejected", feed.rejected());
                 out.put("last_rejection", feed.lastRejection());
                 break;
+            case "feedstats": feedStats(out); break;
             case "consume": consume(parts[1], out); break;
             case "consumed": out.put("consumed", consumed.get()); break;
             default: out.put("error", "unknown command " + parts[0]);
@@ -164,6 +166,18 @@ public final class Driver {
         items.sort((a, b) -> ((String) a.get("broker_name")).compareTo((String) b.get("broker_name")));
         out.put("items", items);
         out.put("client_id", producer.getDefaultMQProducerImpl().getMqClientFactory().getClientId());
+    }
+
+    private void feedStats(Map<String, Object> out) {
+        if (feed == null) {
+            out.put("error", "no feed: start the driver with --feed");
+            return;
+        }
+        out.put("records", feed.records());
+        out.put("rejected", feed.rejected());
+        out.put("first_applied_ms", feedTarget.firstAppliedMs());
+        out.put("applied", new TreeMap<>(feedTarget.applied()));
+        out.put("first_applied_by_broker", new TreeMap<>(feedTarget.firstAppliedByBroker()));
     }
 
     private void hookStats(Map<String, Object> out) {

@@ -1,0 +1,316 @@
+"""``faultwatch lab``: the whole loop on a real RocketMQ cluster, with a broker killed and another frozen.
+
+Apache Kafka and a name server with three brokers (Maven Central's jars) start on loopback; real Java
+producers on both client lines (``sendLatencyFaultEnable`` on and off, some with the feed client
+reading ``rmq.avoidance``) send at a steady rate through faultwatch's hook, a consumer group consumes,
+the admin poller polls, ``faultwatch stream`` runs live and ``faultwatch publish --every`` publishes.
+Phases: warm, broker-b SIGKILLed then restarted (the lab waits for its episode to close), broker-c
+SIGSTOPped for some seconds then resumed. Each phase ends with every producer's own fault table read
+from the running client; :mod:`faultwatch.lab_measure` turns the tables into the printed facts.
+Everything lives under ``--root`` (replaced on each run); every process the lab starts is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pipeline.children import DIE_WITH_PARENT, stop_child
+from pipeline.java_clients import LabDriver, start_poller
+
+TOPIC = "lab-orders"
+GROUP = "lab-consumers"
+CLUSTER = "DefaultCluster"
+KILLED, FROZEN = "broker-b", "broker-c"
+# (client version, sendLatencyFaultEnable, feed client): both lines, on and off, with and without the feed.
+FLEET = (("4.9.8", True, False), ("4.9.8", True, True), ("4.9.8", False, False),
+         ("5.3.3", True, False), ("5.3.3", True, True), ("5.3.3", False, False))
+SEND_BATCH = 2
+SEND_PAUSE_S = 0.2
+
+
+@dataclass
+class LabProducer:
+    """One real producer and the thread that keeps it sending."""
+
+    name: str
+    version: str
+    fault_enable: bool
+    feed: bool
+    driver: LabDriver
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    client_id: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    def command(self, line: str) -> dict[str, Any]:
+        with self.lock:
+            return self.driver.command(line)
+
+    def run(self) -> None:
+        while not self.stop.wait(SEND_PAUSE_S):
+            try:
+                self.command(f"send {SEND_BATCH}")
+            except Exception as exc:  # noqa: BLE001 - kept for the summary; the lab goes on
+                self.errors.append(str(exc))
+                return
+
+
+@dataclass
+class Snapshot:
+    phase: str
+    producer: str
+    version: str
+    fault_enable: bool
+    feed: bool
+    faults: dict[str, Any]
+
+
+@dataclass
+class LabRun:
+    """What happened, with wall-clock marks (Unix ms), for :mod:`faultwatch.lab_measure`."""
+
+    root: Path
+    storage_root: str
+    bootstrap: str
+    avoidance_topic: str
+    producers: list[LabProducer] = field(default_factory=list)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    marks: dict[str, int] = field(default_factory=dict)
+    feed_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def mark(self, what: str) -> int:
+        self.marks[what] = now_ms()
+        return self.marks[what]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def lab_config(root: Path, bootstrap: str, phase_s: float) -> Path:
+    """The lab's TOML: its Kafka and folders, a 2 s trigger, a short watermark and publisher cycle.
+
+    ``quorum_share`` 0.6: half the fleet runs 4.9.x, whose clients keep a refused broker for 10
+    minutes; with the default 0.5 those windows alone would hold the episode open that long.
+    """
+    text = f"""
+[kafka]
+bootstrap_servers = "{bootstrap}"
+[storage]
+root = "{root / 'tables'}"
+checkpoint_root = "{root / 'checkpoints'}"
+publish_dir = "{root / 'avoidance'}"
+[stream]
+trigger_interval_s = 2.0
+watermark_delay_s = 5.0
+[faults]
+quorum_share = 0.6
+episode_close_after_s = {max(5.0, min(10.0, phase_s / 2))}
+[publish]
+interval_s = 5.0
+"""
+    path = root / "faultwatch.toml"
+    path.write_text(text.lstrip())
+    return path
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"faultwatch lab: {what} did not happen within {timeout_s:.0f}s")
+
+
+def faultwatch(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """A ``faultwatch`` subcommand of this installation, its output to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "faultwatch.cli", *args], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=DIE_WITH_PARENT)  # noqa: PLW1509
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then whatever is left of the session the lab started it in (Spark's JVM, its workers)."""
+    stop_child(proc, 30)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def start_fleet(run: LabRun, namesrv: str) -> None:
+    for i, (version, enable, feed) in enumerate(FLEET):
+        # RocketMQ group names allow letters, digits, '-', '_', '%' and '|'
+        name = f"p{i}-v{version.replace('.', '')}-{'on' if enable else 'off'}{'-feed' if feed else ''}"
+        options = {"topic": TOPIC, "group": f"lab-{name}", "instance": name, "cluster": CLUSTER,
+                   "namesrv": namesrv, "kafka": run.bootstrap, "fault_enable": str(enable).lower(),
+                   "send_timeout_ms": "3000"}
+        if feed:
+            options |= {"feed": "kafka", "feed_topic": run.avoidance_topic}
+        home = run.root / "producers" / name
+        driver = LabDriver(version, home, **options)
+        p = LabProducer(name, version, enable, feed, driver)
+        p.client_id = driver.command("faults")["client_id"]
+        run.producers.append(p)
+
+
+def snapshot_all(run: LabRun, phase: str) -> None:
+    for p in run.producers:
+        run.snapshots.append(Snapshot(phase, p.name, p.version, p.fault_enable, p.feed, p.command("faults")))
+
+
+def events_in_bronze(storage_root: str) -> int:
+    from pipeline.deltaio import read_table, table_has_rows
+
+    if not table_has_rows(storage_root, "send_results"):
+        return 0
+    return read_table(storage_root, "send_results", columns=["event_id"]).num_rows
+
+
+def health_minutes(storage_root: str, broker: str) -> int:
+    """The newest minute ``broker_health`` has settled for ``broker`` (-1: none yet)."""
+    from pipeline.deltaio import read_table, table_has_rows
+
+    if not table_has_rows(storage_root, "broker_health"):
+        return -1
+    rows = read_table(storage_root, "broker_health", columns=["broker_name", "minute_ms"]).to_pylist()
+    return max((r["minute_ms"] for r in rows if r["broker_name"] == broker), default=-1)
+
+
+def episode_of(storage_root: str, broker: str, since_ms: int) -> dict[str, Any] | None:
+    """The newest revision of the first episode on ``broker`` opened at or after ``since_ms`` (5 s slack)."""
+    from pipeline.deltaio import latest_revision, read_table, table_has_rows
+
+    if not table_has_rows(storage_root, "broker_fault_episodes_live"):
+        return None
+    rows = latest_revision(read_table(storage_root, "broker_fault_episodes_live"), "episode_id").to_pylist()
+    mine = sorted((r for r in rows if r["broker_name"] == broker and r["opened_ms"] >= since_ms - 5000),
+                  key=lambda r: r["opened_ms"])
+    return mine[0] if mine else None
+
+
+@contextlib.contextmanager
+def steady_sends(run: LabRun) -> Iterator[None]:
+    threads = [threading.Thread(target=p.run, name=p.name, daemon=True) for p in run.producers]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        for p in run.producers:
+            p.stop.set()
+        for t in threads:
+            t.join(60)
+
+
+def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: Callable[[str], None]) -> None:
+    wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
+    time.sleep(phase_s)  # the warm phase: steady traffic before any fault
+    snapshot_all(run, "warm")
+    say(f"lab: phase warm done; SIGKILL {KILLED}")
+    run.mark("kill")
+    cluster.kill(KILLED)
+    time.sleep(phase_s)
+    snapshot_all(run, "killed")
+    say(f"lab: restarting {KILLED}")
+    run.mark("restart")
+    cluster.start_brokers([KILLED])
+    run.mark("restarted")
+    wait_until(lambda: (e := episode_of(run.storage_root, KILLED, run.marks["kill"])) is not None
+               and e["closed_ms"] is not None, 600, f"the episode on {KILLED} to close")
+    run.mark("episode_closed")
+    snapshot_all(run, "recovered")
+    say(f"lab: {KILLED}'s episode closed; SIGSTOP {FROZEN} for {freeze_s:.0f}s")
+    run.mark("freeze")
+    cluster.freeze(FROZEN)
+    try:
+        time.sleep(freeze_s)
+    finally:
+        cluster.thaw(FROZEN)
+    run.mark("thaw")
+    time.sleep(phase_s)
+    snapshot_all(run, "frozen")
+    # broker_health settles a minute once the watermark passes it: keep sending until the thaw's has
+    thaw_minute = run.marks["thaw"] // 60_000 * 60_000
+    wait_until(lambda: health_minutes(run.storage_root, FROZEN) >= thaw_minute, 180,
+               f"broker_health to settle {FROZEN}'s minute of the thaw")
+
+
+def drain(run: LabRun) -> None:
+    """Every hook event delivered and in bronze; the feed producers' counters read."""
+    delivered = 0
+    for p in run.producers:
+        stats = p.command("flush")
+        delivered += stats["delivered"]
+        if p.feed:
+            run.feed_stats[p.name] = p.command("feedstats")
+    wait_until(lambda: events_in_bronze(run.storage_root) >= delivered, 300, f"all {delivered} events in bronze")
+
+
+def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextIO = sys.stdout) -> int:
+    from faultwatch.lab_measure import report
+    from pipeline.config import Config
+    from pipeline.kafka_apache import start_apache_kafka
+    from pipeline.rocketmq_cluster import start_cluster
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    if root.exists():
+        say(f"lab: replacing the previous lab's data in {root}/")
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    topics = Config().topics
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the probes while Kafka starts are expected
+    say("lab: starting Apache Kafka and a RocketMQ name server with three brokers")
+    kafka = start_apache_kafka(topics=topics.all(), partitions=2, home=root / "kafka")
+    children: list[subprocess.Popen[bytes]] = []
+    cluster = None
+    run = LabRun(root, str(root / "tables"), kafka.bootstrap, topics.avoidance)
+    try:
+        cluster = start_cluster(3, home=root / "rocketmq")
+        cluster.create_topic(TOPIC, 4)
+        conf = lab_config(root, kafka.bootstrap, phase_s)
+        children.append(faultwatch("stream", "--config", str(conf), log=root / "stream.log"))
+        say(f"lab: faultwatch stream runs (log {root / 'stream.log'}); starting {len(FLEET)} producers")
+        start_fleet(run, cluster.namesrv_addr)
+        run.producers[0].command(f"consume {GROUP}")
+        poller_home = root / "poller"
+        poller_home.mkdir()
+        children.append(start_poller(cluster.namesrv_addr, CLUSTER, [GROUP], poller_home, "--kafka", kafka.bootstrap,
+                                     "--interval-ms", "2000", "--timeout-ms", "1500"))
+        with steady_sends(run):
+            wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
+            children.append(faultwatch("publish", "--config", str(conf), "--every", log=root / "publish.log"))
+            run_phases(run, cluster, phase_s, freeze_s, say)
+        drain(run)
+        for p in run.producers:
+            if p.errors:
+                say(f"lab: producer {p.name} stopped sending: {p.errors[-1]}")
+        (root / "snapshots.json").write_text(json.dumps([vars(s) for s in run.snapshots], indent=1))
+        facts = report(run)
+        for line in facts["lines"]:
+            say(line)
+        say("lab facts: " + json.dumps(facts["facts"], sort_keys=True))
+        return 0
+    finally:
+        for p in run.producers:
+            p.driver.close()
+        for child in children:
+            stop_group(child)
+        if cluster is not None:
+            cluster.stop()
+        kafka.close()
