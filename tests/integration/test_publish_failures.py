@@ -111,6 +111,11 @@ def test_an_unwritable_publish_folder_fails_the_cycle_naming_the_file(cfg: Confi
     assert report.reason.startswith(f"file {blocker}"), report.reason
     rows = read_table(c.storage.root, "publisher_cycles", columns=["step", "status", "reason"]).to_pylist()
     assert [r["reason"] for r in rows if r["status"] == "failed"] == [report.reason]
+    # The alerts ran all the same: the failed cycle is an alert, beside the open episode's.
+    state = read_table(c.storage.root, "alert_state", columns=["alert_id", "status", "summary"]).to_pylist()
+    assert sorted((a["alert_id"], a["status"]) for a in state) == [
+        ("avoidance_failed|faultwatch-publisher", "firing"), ("broker_fault|c1|b2|open", "firing")]
+    assert report.reason in next(a["summary"] for a in state if a["alert_id"].startswith("avoidance_failed"))
 
 
 def test_the_next_cycle_removes_temp_files_a_killed_write_left(cfg: Config, kafka) -> None:  # type: ignore[no-untyped-def]
