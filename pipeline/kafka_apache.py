@@ -44,7 +44,10 @@ def kafka_classpath() -> list[Path]:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as StorageTool makes)."""
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as StorageTool makes).
+
+    One in 64 starts with "-": pass it as ``--cluster-id=<id>``, never as a separate argument.
+    """
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
@@ -177,7 +180,7 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 def _format_storage(classpath: list[Path], config: Path, log_path: Path, extra: Sequence[str]) -> None:
     cmd = [java_binary(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", os.pathsep.join(map(str, classpath)),
-           "kafka.tools.StorageTool", "format", "--config", str(config), "--cluster-id", _cluster_id(),
+           "kafka.tools.StorageTool", "format", "--config", str(config), f"--cluster-id={_cluster_id()}",
            "--standalone", "--ignore-formatted", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     with open(log_path, "a") as log:

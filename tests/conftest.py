@@ -1,9 +1,15 @@
-"""Shared fixtures: one real Apache Kafka broker and one Spark session per test run."""
+"""Shared fixtures: one real Apache Kafka broker and one Spark session per test run, a real Alertmanager."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +50,67 @@ def cfg(tmp_path: Path) -> Config:
         storage__checkpoint_root=str(tmp_path / "checkpoints"),
         storage__publish_dir=str(tmp_path / "avoidance"),
     )
+
+
+AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
+AM_CONFIG = """\
+route:
+  receiver: blackhole
+  group_wait: 1s
+receivers:
+  - name: blackhole
+"""
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A real Alertmanager on a free loopback port, clustering off; stopped at the end."""
+    assert Path(AM_BIN).exists(), "needs Debian's prometheus-alertmanager (scripts/bootstrap.sh test installs it)"
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text(AM_CONFIG)
+    from pipeline.kafka_local import free_port
+
+    port = free_port()
+    log = open(tmp_path / "alertmanager.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [AM_BIN, f"--config.file={conf}", f"--storage.path={tmp_path / 'am-data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("Alertmanager did not become ready:\n" + (tmp_path / "alertmanager.log").read_text())
+            time.sleep(0.2)
+        yield url, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def active_alerts(url: str) -> dict[str, dict[str, Any]]:
+    """Alertmanager's current alerts (resolved ones are not listed), by alertname/identity label."""
+    with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=5) as r:
+        alerts = json.loads(r.read())
+    out = {}
+    for a in alerts:
+        labels = a["labels"]
+        key = labels.get("broker") or labels.get("group")
+        out[f"{labels['alertname']}/{key}/{labels.get('state') or labels.get('status')}"] = a
+    return out
 
 
 def unique_topics(cfg: Config, kafka, tag: str) -> Config:  # type: ignore[no-untyped-def]

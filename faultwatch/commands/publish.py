@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import TYPE_CHECKING
 
 from faultwatch.commands.common import add_config_arg, config_from_args
@@ -43,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep running one cycle per publish.interval_s until interrupted (without Airflow)",
     )
+    p.add_argument(
+        "--cycles",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --every: stop after N cycles (default: run until interrupted)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -64,15 +72,21 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.publish import run_cycle
 
+    if args.cycles is not None and (not args.every or args.cycles < 1):
+        print(f"faultwatch publish: --cycles needs --every and at least 1, got {args.cycles}", file=sys.stderr)
+        return 2
     cfg = config_from_args(args)
     if not args.every:
         report = run_cycle(cfg, cycle_number=args.cycle_id)
         _print_report(report)
         return EXIT_CODES[report.status]
-    interval = cfg.publish.interval_s
+    interval, done = cfg.publish.interval_s, 0
     while True:
         try:
             _print_report(run_cycle(cfg))
         except Exception:  # one bad cycle must not stop the loop; the next one retries
             log.exception("publisher cycle failed")
+        done += 1
+        if args.cycles is not None and done >= args.cycles:
+            return 0
         time.sleep(interval - (time.time() % interval))

@@ -21,7 +21,7 @@ from pipeline.publish.cycle import (
     validate,
 )
 from pipeline.publish.gate import GateResult, run_gate
-from pipeline.publish.run import CycleReport, run_cycle
+from pipeline.publish.run import CycleReport, record_failure, run_alerts, run_cycle, short_reason
 
 __all__ = [
     "CycleInput",
@@ -32,10 +32,13 @@ __all__ = [
     "load_inputs",
     "publish",
     "recommend",
+    "record_failure",
     "reject",
+    "run_alerts",
     "run_cycle",
     "run_gate",
     "send_alerts",
+    "short_reason",
     "skip_cycle",
     "skip_reason",
     "validate",

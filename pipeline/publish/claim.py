@@ -5,15 +5,17 @@ transaction (``<app_id>-claim``, N), on the table snapshot in which it read the 
 publishers that race commit against the same snapshot and delta-rs refuses the second
 ("concurrent transaction"), so exactly one wins; the loser reads again and skips. A claim holds the
 cycle's decision, so whoever finishes a claim (its holder, a re-run after a crash, or the next cycle
-once the lease ran out) publishes exactly that list. The claim carries a lease: its holder sends
-nothing after ``lease_until_ms``, and nobody else touches the cycle until ``TAKEOVER_MARGIN_MS``
-later. A newer cycle is claimed only once the previous claim is finished or abandoned, so lists
-reach Kafka and the files in cycle order.
+once the lease ran out) publishes exactly that list. The claim carries a lease (from the wall clock
+at the claim): its holder checks just before the send that the claim is still its own
+(:func:`lost`) and sends nothing after ``lease_until_ms``; nobody else touches the cycle until
+``TAKEOVER_MARGIN_MS`` later. A newer cycle is claimed only once the previous claim is finished or
+abandoned, so lists reach Kafka and the files in cycle order.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,10 @@ TABLE = "publisher_cycles"
 STEP = "avoidance"
 TAKEOVER_MARGIN_MS = 5_000  # after a lease ends, before another publisher finishes the cycle
 FINAL = ("published", "failed")  # a claim with one of these rows is finished
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def claim_app_id(cfg: Config) -> str:
@@ -125,7 +131,9 @@ def acquire(cfg: Config, number: int, base_row: dict[str, Any], decision: Decisi
     """Claim cycle ``number`` (one attempt on one snapshot); see the module docstring for the rules."""
     snapshot, last = _snapshot(cfg)
     crash.barrier("claim")
-    lease_until = now_ms + int(cfg.publish.send_timeout_s * 1000)
+    # From the later of the cycle's time and the wall clock: a DAG's publish task claims well after
+    # its load task read the time, and its lease must still cover the whole send.
+    lease_until = max(now_ms, wall_ms()) + int(cfg.publish.send_timeout_s * 1000)
     if last is not None and last > number:
         return Verdict(reason=f"superseded: cycle {last}, after this one, is already claimed")
     if last is not None:
@@ -155,3 +163,21 @@ def acquire(cfg: Config, number: int, base_row: dict[str, Any], decision: Decisi
     if not _commit_claim(cfg, snapshot, row, number):
         return Verdict(reason="another publisher claimed this cycle first (a conditional Delta commit decides)")
     return Verdict(claim=Claim(number, base_row["decided_ms"], base_row["input_freshest_ms"], lease_until, decision))
+
+
+def lost(cfg: Config, won: Claim) -> str | None:
+    """Why the holder of ``won`` must not send (None: the claim is still its own, within its lease).
+
+    Checked just before the Kafka send, so a holder delayed after its claim (a pause, a slow disk)
+    never sends once a later cycle was claimed or another publisher took the cycle over.
+    """
+    last = last_claimed(cfg)
+    this = f"cycle {won.cycle_number}"
+    if last is not None and last > won.cycle_number:
+        return f"superseded: cycle {last}, after this one, was claimed while {this} waited to send; nothing sent"
+    newest = read_claim(cfg, won.cycle_number)
+    if newest is not None and newest.lease_until_ms != won.lease_until_ms:
+        return f"another publisher took over {this} (its claim lease until {newest.lease_until_ms}); nothing sent"
+    if final_status(cfg, won.cycle_number) == "published":
+        return f"{this} was published by another publisher meanwhile; nothing sent"
+    return None

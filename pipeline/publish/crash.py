@@ -22,14 +22,22 @@ def point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-BARRIER_ENV = "FAULTWATCH_PUBLISH_BARRIER"  # "<folder>:<parties>": meet there before committing a claim
+BARRIER_ENV = "FAULTWATCH_PUBLISH_BARRIER"  # "<folder>:<parties>": meet there (see barrier)
+BARRIER_AT_ENV = "FAULTWATCH_PUBLISH_BARRIER_AT"  # the one point that is a barrier (default: "claim")
+BARRIERS = ("claim", "send")
 
 
 def barrier(name: str, timeout_s: float = 60.0) -> None:
-    """Test hook: wait until ``parties`` processes reached ``name`` (files in ``folder``), so two
-    publishers commit their claims on the same snapshot: the race is forced, not hoped for."""
+    """Test hook: wait until ``parties`` processes (or files a test adds) reached ``name``.
+
+    ``claim``: just before a claim is committed, so two publishers commit on the same snapshot and
+    the race is forced, not hoped for. ``send``: a claimed cycle just before its Kafka send, held
+    until the test lets it go (by adding ``send.<anything>`` to the folder).
+    """
+    if name not in BARRIERS:
+        raise ValueError(f"unknown barrier {name!r}; one of {', '.join(BARRIERS)}")
     spec = os.environ.get(BARRIER_ENV)
-    if not spec:
+    if not spec or os.environ.get(BARRIER_AT_ENV, "claim") != name:
         return
     import time
     from pathlib import Path

@@ -277,14 +277,37 @@ def _failed(cfg: Config, won: claim.Claim, reason: str) -> dict[str, Any]:
     return {"cycle_id": str(won.cycle_number), "status": "failed", "clusters": 0, "reason": reason}
 
 
+def _lost(cfg: Config, won: claim.Claim, reason: str) -> dict[str, Any]:
+    """A holder that lost its claim before sending: nothing sent, one ``skipped`` row per cycle."""
+    reason = f"{describe_cycle(won.cycle_number)} skipped: {reason}"
+    log.warning("%s", reason)
+    if not _has_row(cfg, won.cycle_number, AVOIDANCE_STEP, "skipped"):
+        row = _row(cfg, won.cycle_number, won.decided_ms, won.freshest_ms, None, AVOIDANCE_STEP, "skipped",
+                   reason=reason, lease_until_ms=won.lease_until_ms)
+        sinks.append_rows(cfg.storage.root, "publisher_cycles", [row])
+    return {"cycle_id": str(won.cycle_number), "status": "skipped", "clusters": 0, "reason": reason}
+
+
 def complete(cfg: Config, won: claim.Claim, deadline: float) -> dict[str, Any]:
     """Publish a claimed list: Kafka, then the files (only before ``deadline``, a ``time.monotonic()``),
-    then the history and the ``published`` row, each once; a step that fails leaves a ``failed`` row."""
+    then the history and the ``published`` row, each once; a step that fails leaves a ``failed`` row.
+
+    Just before the send the claim is checked again: a holder that lost it (a later cycle claimed,
+    another publisher took over) sends nothing and is ``skipped``; the send ends by the lease's end.
+    """
     cycle_id = str(won.cycle_number)
     msgs = [(cluster, wire.encode(m)) for cluster, m in wire.messages(won.decision, cycle_id)]
     crash.point("claimed")
+    crash.barrier("send")
+    lost = claim.lost(cfg, won)
+    if lost is not None:
+        return _lost(cfg, won, lost)
+    left = min(deadline - time.monotonic(), (won.lease_until_ms - claim.wall_ms()) / 1000)
+    if left <= 0:
+        return _failed(cfg, won, f"the claim's lease (publish.send_timeout_s, {cfg.publish.send_timeout_s} s) ran "
+                                 "out before the Kafka send; nothing sent")
     try:
-        sinks.send_records(cfg, cfg.topics.avoidance, msgs, timeout_s=deadline - time.monotonic())
+        sinks.send_records(cfg, cfg.topics.avoidance, msgs, timeout_s=left)
     except Exception as exc:  # noqa: BLE001 - every broker failure becomes the cycle's failed row
         return _failed(cfg, won, f"Kafka {cfg.kafka.bootstrap_servers} topic {cfg.topics.avoidance}: "
                                  f"{type(exc).__name__}: {exc}")

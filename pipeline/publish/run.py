@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.config import Config
 from pipeline.policy import Decision, PreviousState, Snapshot
@@ -29,6 +30,7 @@ from pipeline.publish.cycle import (
     validate,
 )
 from pipeline.publish.gate import GateResult
+from schemas.errors import FaultwatchError
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,10 @@ class CycleReport:
     reason: str | None = None  # why it was skipped or rejected
 
 
-def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+def short_reason(exc: BaseException) -> str:
+    """An error as a ``failed`` row's reason, on one line, at most 400 characters: faultwatch's own
+    errors as they are (they start with the table, file or broker), others with their type."""
+    text = (str(exc) if isinstance(exc, FaultwatchError) else f"{type(exc).__name__}: {exc}").replace("\n", " ")
     return text if len(text) <= 400 else text[:397] + "..."
 
 
@@ -56,7 +60,25 @@ def record_failure(cfg: Config, cycle_number: int, at_ms: int, reason: str, step
         sinks.append_rows(cfg.storage.root, "publisher_cycles",
                           [_row(cfg, cycle_number, at_ms, None, None, step, "failed", reason=reason)])
     except Exception as exc:  # noqa: BLE001
-        log.error("could not record the failure in publisher_cycles: %s", _short(exc))
+        log.error("could not record the failure in publisher_cycles: %s", short_reason(exc))
+
+
+def run_alerts(cfg: Config, cycle_number: int, at_ms: int | None = None) -> dict[str, Any]:
+    """The alerts step on its own (the DAG's ``alerts`` task, which runs whatever the avoidance tasks
+    did): it reads the inputs itself and, when they cannot be read, keeps the broker alerts of the
+    last cycle; a failed avoidance step is already a ``failed`` row, so it is an alert here."""
+    now = now_ms() if at_ms is None else at_ms
+    loaded: CycleInput | None = None
+    try:
+        loaded = load_inputs(cfg, cycle_number, now)
+    except Exception as exc:  # noqa: BLE001 - the alerts go on without these inputs
+        log.warning("%s: the alerts go on without the inputs: %s", describe_cycle(cycle_number), short_reason(exc))
+    inp = loaded if loaded is not None else CycleInput(cycle_number, now, Snapshot(now), PreviousState())
+    try:
+        return send_alerts(cfg, inp, loaded is None)
+    except Exception as exc:
+        record_failure(cfg, cycle_number, now, short_reason(exc), ALERTS_STEP)
+        raise
 
 
 def _avoidance(cfg: Config, inp: CycleInput) -> tuple[str, GateResult | None, Decision | None, str | None]:
@@ -85,7 +107,7 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
         loaded = load_inputs(cfg, number, now)
         status, gate, decision, reason = _avoidance(cfg, loaded)
     except Exception as exc:  # noqa: BLE001 - a failed cycle is a row, a code and an alert
-        status, gate, decision, reason = "failed", None, None, _short(exc)
+        status, gate, decision, reason = "failed", None, None, short_reason(exc)
         record_failure(cfg, number, now, reason)
     inputs_failed = loaded is None
     inp = loaded if loaded is not None else CycleInput(number, now, Snapshot(now), PreviousState())
@@ -94,8 +116,8 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
     try:
         sent = send_alerts(cfg, inp, inputs_failed, kafka_down)["alerts"]
     except Exception as exc:  # noqa: BLE001
-        record_failure(cfg, number, now, _short(exc), ALERTS_STEP)
+        record_failure(cfg, number, now, short_reason(exc), ALERTS_STEP)
         sent = 0
         if status != "failed":
-            status, reason = "failed", f"alerts: {_short(exc)}"
+            status, reason = "failed", f"alerts: {short_reason(exc)}"
     return CycleReport(inp.cycle_id, status, gate, decision, sent, reason)

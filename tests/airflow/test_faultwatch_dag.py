@@ -51,12 +51,15 @@ def test_dag_parses_without_errors(dagbag) -> None:  # type: ignore[no-untyped-d
     assert sorted(dagbag.dag_ids) == [DAG_ID]
     assert (dag.catchup, dag.max_active_runs, dag.schedule) == (False, 1, "* * * * *")
     assert {t: sorted(dag.get_task(t).downstream_task_ids) for t in dag.task_ids} == {
-        "load": ["alerts", "publish", "recommend", "validate"],
+        "load": ["publish", "recommend", "validate"],
         "recommend": ["publish", "validate"],
         "validate": ["publish"],
-        "publish": [],
-        "alerts": [],
+        "publish": ["alerts", "outcome"],
+        "alerts": ["outcome"],
+        "outcome": [],
     }
+    # The alerts run whatever happened before them; the run fails when an avoidance task failed.
+    assert (dag.get_task("alerts").trigger_rule, dag.get_task("outcome").trigger_rule) == ("all_done", "one_failed")
     load = dag.get_task("load")
     assert (load.retries, load.retry_exponential_backoff) == (2, True)
     assert dag.params["config"] == str(REPO / "conf" / "faultwatch.toml")
@@ -131,7 +134,8 @@ def test_dag_run_publishes_what_the_policy_decided(dagbag, tmp_path: Path, kafka
     assert [tuple(r.values()) for r in history.to_pylist()] == [
         (str(cycle), "c1", "b2", "avoid", decided + 100_000, decided + 180_000, "open_episode: quorum", episode,
          0, 0.0, 12.0, 1, "1", decided)]
-    assert _states(dr) == dict.fromkeys(["load", "recommend", "validate", "publish", "alerts"], "success")
+    assert _states(dr) == {**dict.fromkeys(["load", "recommend", "validate", "publish", "alerts"], "success"),
+                           "outcome": "skipped"}
 
 
 def test_dag_run_on_invalid_input_fails_and_publishes_nothing_new(dagbag, tmp_path: Path, kafka) -> None:  # type: ignore[no-untyped-def]
@@ -149,11 +153,16 @@ def test_dag_run_on_invalid_input_fails_and_publishes_nothing_new(dagbag, tmp_pa
 
     assert str(dr.state) == "failed"
     states = _states(dr)
-    assert (states["validate"], states["publish"]) == ("failed", "upstream_failed")
+    assert (states["validate"], states["publish"], states["alerts"], states["outcome"]) == (
+        "failed", "upstream_failed", "success", "failed")
     assert [m["cycle_id"] for _, m in read_topic(kafka.bootstrap, cfg.topics.avoidance)] == [str(cycle)]
     assert file.read_bytes() == good
     # (The open episode on b2 also fired its broker alert, once, in the first cycle.)
-    [alert] = [a for _, a in read_topic(kafka.bootstrap, cfg.topics.alerts) if a["kind"] != "broker_fault"]
+    others = [a for _, a in read_topic(kafka.bootstrap, cfg.topics.alerts) if a["kind"] != "broker_fault"]
+    # The alerts task runs after the refusal, whatever happened before it: the refusal fires in this run.
+    assert [(a["alert_id"], a["status"], a["cycle_id"]) for a in others if a["kind"] == "avoidance_refused"] == [
+        ("avoidance_refused|faultwatch-publisher", "firing", str(cycle + 1))]
+    [alert] = [a for a in others if a["kind"] != "avoidance_refused"]
     assert (alert["kind"], alert["cycle_id"], alert["details"]["failed_checks"]) == (
         "avoidance_validation_failed",
         str(cycle + 1),
@@ -175,7 +184,7 @@ def test_dag_run_of_a_superseded_cycle_ends_skipped_with_its_reason(dagbag, tmp_
 
     dr = dagbag.get_dag(DAG_ID).test(run_conf={"config": path, "cycle": cycle - 60_000})
 
-    assert _states(dr) == dict.fromkeys(["load", "recommend", "validate", "publish", "alerts"], "skipped")
+    assert _states(dr) == dict.fromkeys(["load", "recommend", "validate", "publish", "alerts", "outcome"], "skipped")
     rows = read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status", "reason"])
     [skipped] = [r for r in rows.to_pylist() if r["status"] == "skipped"]
     assert (skipped["cycle_number"], skipped["step"]) == (cycle - 60_000, "avoidance")

@@ -175,6 +175,26 @@ def run_pipeline(cfg, conf: Path, started: Started) -> None:  # type: ignore[no-
     assert stream.wait(timeout=600) == 0, started.tail("stream")
 
 
+COMPONENTS = ("airflow-scheduler", "airflow-dag-processor", "airflow-api-server")
+
+
+def start_airflow(conf: Path, home: Path, started: Started) -> Path:
+    """Airflow's own processes on ``home`` with the DAG unpaused; returns the metadata database."""
+    env = airflow_env(home, free_port(), conf)
+    migrate = started.start("airflow-db-migrate", [str(BIN / "airflow"), "db", "migrate"], env)
+    assert migrate.wait(timeout=300) == 0, started.tail("airflow-db-migrate")
+    del started.procs["airflow-db-migrate"]
+    for name in ("api-server", "dag-processor", "scheduler"):
+        started.start(f"airflow-{name}", [str(BIN / "airflow"), name], env)
+    db = home / "airflow.db"
+    wait_until(lambda: query(db, "select is_paused from dag where dag_id = ?", DAG_ID), 180,
+               "the DAG processor to register the DAG", started, ("airflow-dag-processor",))
+    unpause = subprocess.run([str(BIN / "airflow"), "dags", "unpause", DAG_ID], env=env, capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+    assert unpause.returncode == 0, unpause.stdout + unpause.stderr
+    return db
+
+
 def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Path, started: Started) -> None:  # type: ignore[no-untyped-def]
     from pipeline.config import Config
     from pipeline.deltaio import read_table
@@ -190,21 +210,7 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
     run_pipeline(cfg, conf, started)
     assert read_table(cfg.storage.root, "broker_fault_episodes_live").num_rows > 0
 
-    home = tmp_path / "airflow"
-    env = airflow_env(home, free_port(), conf)
-    migrate = started.start("airflow-db-migrate", [str(BIN / "airflow"), "db", "migrate"], env)
-    assert migrate.wait(timeout=300) == 0, started.tail("airflow-db-migrate")
-    del started.procs["airflow-db-migrate"]
-    for name in ("api-server", "dag-processor", "scheduler"):
-        started.start(f"airflow-{name}", [str(BIN / "airflow"), name], env)
-    db = home / "airflow.db"
-    components = ("airflow-scheduler", "airflow-dag-processor", "airflow-api-server")
-
-    wait_until(lambda: query(db, "select is_paused from dag where dag_id = ?", DAG_ID), 180,
-               "the DAG processor to register the DAG", started, ("airflow-dag-processor",))
-    unpause = subprocess.run([str(BIN / "airflow"), "dags", "unpause", DAG_ID], env=env, capture_output=True,
-                             text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
-    assert unpause.returncode == 0, unpause.stdout + unpause.stderr
+    db = start_airflow(conf, tmp_path / "airflow", started)
 
     def cycles() -> list[dict]:  # type: ignore[type-arg]
         return read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status"]).to_pylist()
@@ -214,11 +220,11 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
 
     [row, *_] = wait_until(
         lambda: [r for r in cycles() if (r["step"], r["status"]) == ("avoidance", "published")],
-        300, "a scheduled run to publish (a 'published' row)", started, components, runs_so_far)
+        300, "a scheduled run to publish (a 'published' row)", started, COMPONENTS, runs_so_far)
     runs = wait_until(
         lambda: query(db, "select run_after, run_type, state from dag_run where dag_id = ? and state = 'success'",
                       DAG_ID),
-        120, "the publishing run to finish", started, components, runs_so_far)
+        120, "the publishing run to finish", started, COMPONENTS, runs_so_far)
 
     # The cycle is a scheduled run's own time (run_after, in ms).
     def ms(stamp: str) -> int:
@@ -243,3 +249,54 @@ def test_a_scheduled_run_publishes_over_a_real_pipeline_run(kafka, tmp_path: Pat
     assert on_disk["cycle_id"] >= message["cycle_id"] and on_disk["cluster"] == "DefaultCluster"
     if on_disk["cycle_id"] == message["cycle_id"]:
         assert on_disk == message
+
+
+def test_a_scheduled_run_over_a_corrupt_table_still_alerts(  # type: ignore[no-untyped-def]
+    kafka, alertmanager, tmp_path: Path, started: Started
+) -> None:
+    """An input table that cannot be read fails ``load``; ``alerts`` runs all the same and Alertmanager
+    gets the failed cycle as an alert naming the table; ``outcome`` fails the run."""
+    from conftest import active_alerts
+    from dag_inputs import episode_row, write, write_inputs
+
+    from pipeline.config import Config
+    from pipeline.deltaio import read_table
+    from tests.integration.processes import write_config
+
+    url, _ = alertmanager
+    cfg = unique_topics(Config().replace(
+        storage__root=str(tmp_path / "tables"), storage__checkpoint_root=str(tmp_path / "checkpoints"),
+        storage__publish_dir=str(tmp_path / "avoidance"),
+    ), kafka, "schedbad")
+    now = int(time.time() * 1000)
+    write_inputs(cfg.storage.root, now)
+    write(cfg.storage.root, "broker_fault_episodes_live", [episode_row("b2", now - 90_000, 1, now)])
+    newest = max((Path(cfg.storage.root) / "broker_fault_episodes_live" / "_delta_log").glob("*.json"))
+    newest.write_text(newest.read_text()[:40])  # a commit cut short (a full disk, a bad copy)
+    conf = write_config(cfg, tmp_path / "faultwatch.toml", alerts={"alertmanager_urls": [url], "timeout_s": 5.0})
+    db = start_airflow(conf, tmp_path / "airflow", started)
+
+    def runs() -> list[tuple]:  # type: ignore[type-arg]
+        return query(db, "select run_id, state from dag_run where dag_id = ? and state in ('success', 'failed')",
+                     DAG_ID)
+
+    def tasks(run_id: str) -> dict[str, str]:
+        return dict(query(db, "select task_id, state from task_instance where run_id = ?", run_id))
+
+    def seen() -> str:
+        return f"dag_run {runs()}; Alertmanager {sorted(active_alerts(url))}"
+
+    [(run_id, state), *_] = wait_until(runs, 400, "a scheduled run to finish", started, COMPONENTS, seen)
+    assert (state, tasks(run_id)) == ("failed", {
+        "load": "failed", "recommend": "upstream_failed", "validate": "upstream_failed",
+        "publish": "upstream_failed", "alerts": "success", "outcome": "failed"})
+    table = f"table broker_fault_episodes_live ({Path(cfg.storage.root).resolve() / 'broker_fault_episodes_live'})"
+    [failed] = [a for a in active_alerts(url).values() if a["labels"]["alertname"] == "FaultwatchAvoidanceFailed"]
+    assert {k: v for k, v in failed["labels"].items() if v} == {
+        "alertname": "FaultwatchAvoidanceFailed", "publisher": cfg.publish.app_id, "severity": "critical"}
+    assert table in failed["annotations"]["summary"], failed
+    rows = read_table(cfg.storage.root, "publisher_cycles", columns=["step", "status", "reason"]).to_pylist()
+    # One failed row per attempt of the load task (it is retried twice), each naming the table.
+    assert {(r["step"], r["status"], r["reason"].split(": ")[0]) for r in rows if r["step"] == "avoidance"} == {
+        ("avoidance", "failed", table)}
+    assert read_topic(cfg.kafka.bootstrap_servers, cfg.topics.avoidance) == []

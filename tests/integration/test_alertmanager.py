@@ -10,21 +10,15 @@ resolutions, which reach Alertmanager on the next cycle once the link is back.
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import unique_topics
+from conftest import active_alerts, unique_topics
 
 from pipeline.config import Config
 from pipeline.deltaio import read_table
@@ -34,14 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "airflow"))
 from dag_inputs import S, episode_row, group_row, health_row, read_topic, write
 
 pytestmark = pytest.mark.kafka
-AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-AM_CONFIG = """\
-route:
-  receiver: blackhole
-  group_wait: 1s
-receivers:
-  - name: blackhole
-"""
 
 
 def free_port() -> int:
@@ -92,55 +78,6 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-
-
-@pytest.fixture
-def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A real Alertmanager on a free loopback port, clustering off; stopped at the end."""
-    assert Path(AM_BIN).exists(), "needs Debian's prometheus-alertmanager (scripts/bootstrap.sh test installs it)"
-    conf = tmp_path / "alertmanager.yml"
-    conf.write_text(AM_CONFIG)
-    port = free_port()
-    log = open(tmp_path / "alertmanager.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [AM_BIN, f"--config.file={conf}", f"--storage.path={tmp_path / 'am-data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("Alertmanager did not become ready:\n" + (tmp_path / "alertmanager.log").read_text())
-            time.sleep(0.2)
-        yield url, port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
-
-
-def active_alerts(url: str) -> dict[str, dict[str, Any]]:
-    """Alertmanager's current alerts (resolved ones are not listed), by alertname/identity label."""
-    with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=5) as r:
-        alerts = json.loads(r.read())
-    out = {}
-    for a in alerts:
-        labels = a["labels"]
-        key = labels.get("broker") or labels.get("group")
-        out[f"{labels['alertname']}/{key}/{labels.get('state') or labels.get('status')}"] = a
-    return out
 
 
 def inputs(root: str, t: int, episode_state: str | None, group_status: str, revision: int, opened: int) -> None:

@@ -24,7 +24,7 @@ from pipeline.publish import cycle_number_for, run_cycle
 from pipeline.publish.sinks import send_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "airflow"))
-from dag_inputs import read_topic, write_config, write_inputs
+from dag_inputs import S, episode_row, read_topic, write, write_config, write_inputs
 
 pytestmark = pytest.mark.kafka
 TIMEOUT_S = 2.0
@@ -111,6 +111,11 @@ def test_an_unwritable_publish_folder_fails_the_cycle_naming_the_file(cfg: Confi
     assert report.reason.startswith(f"file {blocker}"), report.reason
     rows = read_table(c.storage.root, "publisher_cycles", columns=["step", "status", "reason"]).to_pylist()
     assert [r["reason"] for r in rows if r["status"] == "failed"] == [report.reason]
+    # The alerts ran all the same: the failed cycle is an alert, beside the open episode's.
+    state = read_table(c.storage.root, "alert_state", columns=["alert_id", "status", "summary"]).to_pylist()
+    assert sorted((a["alert_id"], a["status"]) for a in state) == [
+        ("avoidance_failed|faultwatch-publisher", "firing"), ("broker_fault|c1|b2|open", "firing")]
+    assert report.reason in next(a["summary"] for a in state if a["alert_id"].startswith("avoidance_failed"))
 
 
 def test_the_next_cycle_removes_temp_files_a_killed_write_left(cfg: Config, kafka) -> None:  # type: ignore[no-untyped-def]
@@ -148,3 +153,28 @@ def test_a_corrupt_cycle_log_is_named_and_the_documented_recovery_publishes_agai
     assert again.status == "published"
     assert [m["cycle_id"] for _, m in read_topic(kafka.bootstrap, c.topics.avoidance)] == [
         str(cycle), str(cycle + 120_000)]
+
+
+def test_a_corrupt_input_table_fails_the_cycle_and_the_alerts_hold_the_last_broker_state(  # type: ignore[no-untyped-def]
+    cfg: Config, kafka
+) -> None:
+    now = int(time.time() * 1000)
+    write_inputs(cfg.storage.root, now)
+    c = unique_topics(cfg, kafka, "badin")
+    cycle = cycle_number_for(now, 60.0)
+    assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"  # b2's episode alert fires
+    write(c.storage.root, "broker_fault_episodes_live", [episode_row("b2", now - 90 * S, 1, now)])
+    table = Path(c.storage.root) / "broker_fault_episodes_live"
+    newest = max((table / "_delta_log").glob("*.json"))
+    newest.write_text(newest.read_text()[:40])  # a commit cut short
+
+    broken = run_cycle(c, cycle_number=cycle + 60 * S, at_ms=now + 60 * S)
+
+    assert broken.status == "failed" and broken.reason is not None
+    assert broken.reason.startswith(f"table broker_fault_episodes_live ({table.resolve()}): "), broken.reason
+    # The alerts ran: the failure fires; the broker alert is neither resolved nor restarted on no evidence.
+    state = read_table(c.storage.root, "alert_state", columns=["cycle_number", "alert_id", "status", "starts_ms"])
+    assert sorted((a["alert_id"], a["status"], a["starts_ms"]) for a in state.to_pylist()
+                  if a["cycle_number"] == cycle + 60 * S) == [
+        ("avoidance_failed|faultwatch-publisher", "firing", now + 60 * S), ("broker_fault|c1|b2|open", "firing", now)]
+    assert [m["cycle_id"] for _, m in read_topic(kafka.bootstrap, c.topics.avoidance)] == [str(cycle)]

@@ -23,7 +23,8 @@ from pipeline.config import Config
 from pipeline.deltaio import read_table
 from pipeline.publish import cycle_number_for, run_cycle
 from pipeline.publish.claim import TAKEOVER_MARGIN_MS
-from pipeline.publish.crash import BARRIER_ENV, ENV
+from pipeline.publish.crash import BARRIER_AT_ENV, BARRIER_ENV, ENV
+from tests.integration.processes import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "airflow"))
 from dag_inputs import S, read_topic, write_config, write_inputs
@@ -54,6 +55,18 @@ def avoidance_rows(cfg: Config) -> list[tuple[int, str]]:
     return sorted((r["cycle_number"], r["status"]) for r in rows if r["step"] == "avoidance")
 
 
+def history_of(records: list[tuple[str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
+    """The ``avoidance_recommendations`` rows the published lists stand for, written out from them."""
+    return sorted((m["cycle_id"], key, e["broker_name"], action, e["avoid_until_ms"], e["expires_ms"], m["decided_ms"])
+                  for key, m in records for action, entries in (("avoid", m["avoid"]), ("keep_available", m["keep_available"]))
+                  for e in entries)
+
+
+def history(cfg: Config) -> list[tuple[Any, ...]]:
+    return sorted((h["cycle_id"], h["cluster"], h["broker_name"], h["action"], h["avoid_until_ms"], h["expires_ms"],
+                   h["decided_ms"]) for h in read_table(cfg.storage.root, "avoidance_recommendations").to_pylist())
+
+
 def one_story(cfg: Config, cycle: int) -> dict[str, Any]:
     """Kafka, the file, the history and the cycle rows agree on one list for ``cycle``; returns it."""
     records = read_topic(cfg.kafka.bootstrap_servers, cfg.topics.avoidance)
@@ -63,14 +76,8 @@ def one_story(cfg: Config, cycle: int) -> dict[str, Any]:
     listed = json.loads(message)
     assert (key, listed["cycle_id"], listed["cluster"]) == ("c1", str(cycle), "c1")
     assert json.loads((Path(cfg.storage.publish_dir) / "c1.json").read_bytes()) == listed
-    history = read_table(cfg.storage.root, "avoidance_recommendations").to_pylist()
     # Written out from the published list itself, not with the publisher's own row builder.
-    assert sorted((h["cycle_id"], h["cluster"], h["broker_name"], h["action"], h["avoid_until_ms"], h["expires_ms"],
-                   h["decided_ms"]) for h in history) == sorted(
-        [(str(cycle), "c1", e["broker_name"], "avoid", e["avoid_until_ms"], e["expires_ms"], listed["decided_ms"])
-         for e in listed["avoid"]]
-        + [(str(cycle), "c1", e["broker_name"], "keep_available", e["avoid_until_ms"], e["expires_ms"],
-            listed["decided_ms"]) for e in listed["keep_available"]])
+    assert history(cfg) == history_of([(key, listed)])
     published = read_table(cfg.storage.root, "publisher_cycles", columns=["cycle_number", "step", "status", "decided_ms"])
     assert [r for r in published.to_pylist() if r["status"] == "published"] == [
         {"cycle_number": cycle, "step": "avoidance", "status": "published", "decided_ms": listed["decided_ms"]}]
@@ -93,6 +100,39 @@ def test_two_publishers_at_once_publish_the_cycle_once(pcfg: Config, tmp_path: P
     assert len(read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)) == 1
     assert [e["broker_name"] for e in listed["avoid"]] == ["b2"]
     assert avoidance_rows(pcfg) == [(cycle, "claimed"), (cycle, "published"), (cycle, "skipped")]
+
+
+def test_a_cycle_held_before_its_send_while_a_newer_one_published_sends_nothing(pcfg: Config, tmp_path: Path) -> None:
+    now = int(time.time() * 1000)
+    write_inputs(pcfg.storage.root, now)
+    conf = write_config(str(tmp_path / "fw.toml"), pcfg)
+    cycle, hold = cycle_number_for(now, 60.0), tmp_path / "hold"
+    held = start_publisher(conf, cycle, **{BARRIER_ENV: f"{hold}:2", BARRIER_AT_ENV: "send"})
+    try:
+        wait_for(lambda: any(hold.glob("send.*")), 120, "the publisher to claim and reach its send", held)
+        # The next cycle comes once the held claim's lease is over (its clock says so): it finishes the
+        # held cycle's claimed list, then publishes its own.
+        later = int(time.time() * 1000) + int(pcfg.publish.send_timeout_s * 1000) + TAKEOVER_MARGIN_MS + S
+        newer = run_cycle(pcfg, cycle_number=cycle + 60 * S, at_ms=later)
+        assert newer.status == "published", newer.reason
+        (hold / "send.go").touch()  # the held publisher goes on, to its send
+        rc, out = finish(held)
+    finally:
+        held.kill()
+    assert rc == 4, out[-3000:]
+    assert f"cycle {cycle}: skipped (cycle {cycle} (" in out
+    assert f"skipped: superseded: cycle {cycle + 60 * S}, after this one, was claimed while" in out
+
+    records = read_topic(pcfg.kafka.bootstrap_servers, pcfg.topics.avoidance)
+    assert [(k, m["cycle_id"]) for k, m in records] == [("c1", str(cycle)), ("c1", str(cycle + 60 * S))]
+    assert records[-1][1] == json.loads((Path(pcfg.storage.publish_dir) / "c1.json").read_bytes())
+    assert history(pcfg) == history_of(records)
+    rows = read_table(pcfg.storage.root, "publisher_cycles",
+                      columns=["cycle_number", "step", "status", "decided_ms", "reason"]).to_pylist()
+    assert sorted((r["cycle_number"] - cycle, r["status"], r["decided_ms"]) for r in rows if r["step"] == "avoidance") == [
+        (0, "claimed", records[0][1]["decided_ms"]), (0, "claimed", records[0][1]["decided_ms"]),
+        (0, "published", records[0][1]["decided_ms"]), (0, "skipped", records[0][1]["decided_ms"]),
+        (60 * S, "claimed", later), (60 * S, "published", later)]
 
 
 @pytest.mark.parametrize("point", ["claimed", "sent", "file", "history", "published"])

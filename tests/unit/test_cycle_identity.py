@@ -28,3 +28,11 @@ def test_identities_order_by_time_whatever_the_interval() -> None:
 def test_describe_shows_the_time() -> None:
     assert describe_cycle(1_795_554_360_000) == "cycle 1795554360000 (2026-11-24T21:06:00.000Z)"
     assert describe_cycle(29_925_834) == "cycle 29925834"  # a number forced by hand, not a time
+
+
+@pytest.mark.parametrize("args", [["--cycles", "2"], ["--every", "--cycles", "0"]])
+def test_publish_cycles_needs_every_and_a_positive_count(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from faultwatch.cli import main
+
+    assert main(["publish", *args]) == 2  # refused before any configuration is read or table touched
+    assert "--cycles needs --every and at least 1" in capsys.readouterr().err
