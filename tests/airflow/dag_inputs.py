@@ -7,6 +7,7 @@ what the publisher sent to a topic. ``tests/integration/test_publish.py`` import
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +22,12 @@ def write(root: str, name: str, rows: list[dict[str, Any]]) -> None:
     spec = table(name)
     data = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
     write_deltalake(f"{root}/{name}", data, mode="append", partition_by=list(spec.partition_by) or None)
+
+
+def cut_newest_commit(root: str, name: str) -> None:
+    """Cut the newest commit of table ``name`` short, as a full disk or a bad copy leaves it."""
+    newest = max((Path(root) / name / "_delta_log").glob("*.json"))
+    newest.write_text(newest.read_text()[:40])
 
 
 def day(ms: int) -> str:

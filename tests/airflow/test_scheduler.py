@@ -257,7 +257,7 @@ def test_a_scheduled_run_over_a_corrupt_table_still_alerts(  # type: ignore[no-u
     """An input table that cannot be read fails ``load``; ``alerts`` runs all the same and Alertmanager
     gets the failed cycle as an alert naming the table; ``outcome`` fails the run."""
     from conftest import active_alerts
-    from dag_inputs import episode_row, write, write_inputs
+    from dag_inputs import cut_newest_commit, episode_row, write, write_inputs
 
     from pipeline.config import Config
     from pipeline.deltaio import read_table
@@ -271,8 +271,7 @@ def test_a_scheduled_run_over_a_corrupt_table_still_alerts(  # type: ignore[no-u
     now = int(time.time() * 1000)
     write_inputs(cfg.storage.root, now)
     write(cfg.storage.root, "broker_fault_episodes_live", [episode_row("b2", now - 90_000, 1, now)])
-    newest = max((Path(cfg.storage.root) / "broker_fault_episodes_live" / "_delta_log").glob("*.json"))
-    newest.write_text(newest.read_text()[:40])  # a commit cut short (a full disk, a bad copy)
+    cut_newest_commit(cfg.storage.root, "broker_fault_episodes_live")
     conf = write_config(cfg, tmp_path / "faultwatch.toml", alerts={"alertmanager_urls": [url], "timeout_s": 5.0})
     db = start_airflow(conf, tmp_path / "airflow", started)
 

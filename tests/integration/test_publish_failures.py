@@ -24,7 +24,7 @@ from pipeline.publish import cycle_number_for, run_cycle
 from pipeline.publish.sinks import send_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "airflow"))
-from dag_inputs import S, episode_row, read_topic, write, write_config, write_inputs
+from dag_inputs import S, cut_newest_commit, episode_row, read_topic, write, write_config, write_inputs
 
 pytestmark = pytest.mark.kafka
 TIMEOUT_S = 2.0
@@ -138,9 +138,7 @@ def test_a_corrupt_cycle_log_is_named_and_the_documented_recovery_publishes_agai
     c = unique_topics(cfg, kafka, "corrupt")
     cycle = cycle_number_for(now, 60.0)
     assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"
-    log_dir = Path(c.storage.root) / "publisher_cycles" / "_delta_log"
-    newest = max(log_dir.glob("*.json"))
-    newest.write_text(newest.read_text()[:40])  # a commit cut short (a full disk, a bad copy)
+    cut_newest_commit(c.storage.root, "publisher_cycles")
 
     broken = run_cycle(c, cycle_number=cycle + 60_000, at_ms=now + 60_000)
     assert broken.status == "failed" and broken.reason is not None
@@ -164,14 +162,13 @@ def test_a_corrupt_input_table_fails_the_cycle_and_the_alerts_hold_the_last_brok
     cycle = cycle_number_for(now, 60.0)
     assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"  # b2's episode alert fires
     write(c.storage.root, "broker_fault_episodes_live", [episode_row("b2", now - 90 * S, 1, now)])
-    table = Path(c.storage.root) / "broker_fault_episodes_live"
-    newest = max((table / "_delta_log").glob("*.json"))
-    newest.write_text(newest.read_text()[:40])  # a commit cut short
+    cut_newest_commit(c.storage.root, "broker_fault_episodes_live")
 
     broken = run_cycle(c, cycle_number=cycle + 60 * S, at_ms=now + 60 * S)
 
     assert broken.status == "failed" and broken.reason is not None
-    assert broken.reason.startswith(f"table broker_fault_episodes_live ({table.resolve()}): "), broken.reason
+    table = Path(c.storage.root, "broker_fault_episodes_live").resolve()
+    assert broken.reason.startswith(f"table broker_fault_episodes_live ({table}): "), broken.reason
     # The alerts ran: the failure fires; the broker alert is neither resolved nor restarted on no evidence.
     state = read_table(c.storage.root, "alert_state", columns=["cycle_number", "alert_id", "status", "starts_ms"])
     assert sorted((a["alert_id"], a["status"], a["starts_ms"]) for a in state.to_pylist()
