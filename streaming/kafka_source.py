@@ -323,9 +323,33 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._stable = track_stable_offsets(self._consumer)
         return self._consumer
 
+    def _ask(self, what: str, call: Any, *args: Any) -> Any:
+        """``call(*args)``, a driver request to Kafka, retried with backoff through an outage (a
+        broker restarting) until ``kafka.connect_timeout_s``; then a KafkaUnavailableError naming it.
+        kafka-python gives up on one request after ``request_timeout_ms`` (30 s), sooner than that."""
+        from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+        timeout_s = float(self.options.get("connect_timeout_s", "30"))
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while True:
+            try:
+                return call(*args)
+            except (KafkaConnectionError, KafkaTimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise KafkaUnavailableError(
+                        f"Kafka did not answer the {what} request for {timeout_s:.0f}s "
+                        f"({type(exc).__name__}: {exc}); check that the cluster is up "
+                        "(kafka.connect_timeout_s bounds the wait)"
+                    ) from None
+                log.warning("Kafka did not answer the %s request (%s); retrying in %.1fs",
+                            what, type(exc).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     def _partitions_now(self) -> list[tuple[str, int]]:
         consumer = self._driver_consumer()
-        consumer.topics()  # refreshes metadata, so new partitions show up
+        self._ask("topic metadata", consumer.topics)  # refreshes metadata, so new partitions show up
         out: list[tuple[str, int]] = []
         for topic in self.topics:
             parts = consumer.partitions_for_topic(topic)
@@ -345,7 +369,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = [TopicPartition(t, p) for t, p in self._partitions_now()]
         if not tps:
             return {}
-        listed = consumer.end_offsets(tps)
+        listed = self._ask("end offsets", consumer.end_offsets, tps)
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, max(listed[tp], self._known_end(tp)))
@@ -383,7 +407,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not keys:
             return {}
         tps = [TopicPartition(*_split_key(k)) for k in keys]
-        found = self._driver_consumer().beginning_offsets(tps)
+        found = self._ask("beginning offsets", self._driver_consumer().beginning_offsets, tps)
         return {_key(tp.topic, tp.partition): int(found[tp]) for tp in tps}
 
     def initialOffset(self) -> dict:
@@ -402,7 +426,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from kafka import TopicPartition
 
         tps = {k: TopicPartition(*_split_key(k)) for k in keys if k in ends}
-        found = self._driver_consumer().offsets_for_times({tp: ts_ms for tp in tps.values()})
+        found = self._ask("offsets by time", self._driver_consumer().offsets_for_times,
+                          {tp: ts_ms for tp in tps.values()})
         return {k: int(found[tp].offset) if found.get(tp) is not None else ends[k] for k, tp in tps.items()}
 
     def _gaps(self, parts: dict, ends: dict[str, int]) -> list[Gap]:
