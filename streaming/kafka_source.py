@@ -342,7 +342,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             try:
                 return call(*args)
-            except (KafkaConnectionError, KafkaTimeoutError) as exc:
+            # KeyError: kafka-python leaves a partition whose leader its metadata does not know (a topic
+            # just deleted or re-created) out of its answer, and then fails looking it up.
+            except (KafkaConnectionError, KafkaTimeoutError, KeyError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise KafkaUnavailableError(
                         f"Kafka did not answer the {what} request for {timeout_s:.0f}s "
