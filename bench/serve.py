@@ -168,18 +168,19 @@ PHASE_HELP = {
     "floor": "the same bytes from a trivial server (bench/httpload.py floor): the least any server costs here",
     "serve": "faultwatch serve, refreshing every --refresh-interval s while new rows are committed",
     "still": "a second faultwatch serve over the same tables that never refreshes during the run",
-    "other": "faultwatch serve from the checkout --other (e.g. `git archive REV | tar -x -C DIR`), refreshing "
-    "like 'serve': old against new in one run",
+    "other": "faultwatch serve from the checkout --other (e.g. `git archive REV | tar -x -C DIR`) and/or with "
+    "the [serve] settings --other-settings, refreshing like 'serve': two versions or configurations in one run",
 }
 
 
 def start_serve(
-    work: Path, root: Path, name: str, refresh_s: float, checkout: Path = REPO
+    work: Path, root: Path, name: str, refresh_s: float, checkout: Path = REPO, settings: str = ""
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """``faultwatch serve`` of ``checkout`` (its own modules first on the path) on a free port."""
+    """``faultwatch serve`` of ``checkout`` (its own modules first on the path) on a free port,
+    with ``settings`` (TOML lines) added to its [serve] section."""
     conf = work / f"{name}.toml"
     conf.write_text(f'[storage]\nroot = "{root}"\npublish_dir = "{work / "avoidance"}"\n'
-                    f"[serve]\nrefresh_interval_s = {refresh_s}\nmax_queue_series = 100\n")
+                    f"[serve]\nrefresh_interval_s = {refresh_s}\nmax_queue_series = 100\n{settings}\n")
     log = work / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     with open(log, "w") as out:
@@ -266,13 +267,16 @@ def main() -> None:
                         help="comma-separated, in order: " + "; ".join(f"{k}: {v}" for k, v in PHASE_HELP.items()))
     parser.add_argument("--refresh-interval", type=float, default=1.0, help="serve.refresh_interval_s of 'serve'")
     parser.add_argument("--other", type=Path, default=None, help="a checkout of another commit: adds the phase 'other'")
+    parser.add_argument("--other-settings", default="",
+                        help="[serve] settings (TOML, ';' between lines) of the phase 'other', e.g. "
+                        "'http = \"h11\"; loop = \"asyncio\"'")
     parser.add_argument("--no-writer", action="store_true", help="append nothing to the tables during the load")
     parser.add_argument("--rate", type=float, default=None,
                         help="open loop: this many requests/s in all, spread over the clients (default: each "
                         "client sends its next request as soon as the last one is answered)")
     parser.add_argument("--only", choices=("metrics", "status"), default=None, help="request one endpoint only")
     args = parser.parse_args()
-    phases = [p for p in args.phases.split(",") if p and (p != "other" or args.other)]
+    phases = [p for p in args.phases.split(",") if p and (p != "other" or args.other or args.other_settings)]
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         parser.error(f"unknown phase {unknown[0]!r}; known: {', '.join(PHASES)}")
@@ -298,7 +302,8 @@ def main() -> None:
         if "still" in phases:
             procs["still"], bases["still"] = start_serve(work, root, "still", 86400.0)
         if "other" in phases:
-            procs["other"], bases["other"] = start_serve(work, root, "other", args.refresh_interval, args.other)
+            procs["other"], bases["other"] = start_serve(work, root, "other", args.refresh_interval, args.other or REPO,
+                                                         args.other_settings.replace(";", "\n"))
         if "floor" in phases:
             procs["floor"], bases["floor"] = start_floor(work, bases["serve"], status_paths[0].split(" ", 1)[1])
         body = len(urllib.request.urlopen(next(b for k, b in bases.items() if k != "floor") + "/metrics").read())
@@ -370,7 +375,7 @@ def summary(results: dict[str, list[dict[str, Any]]], phases: list[str], seconds
               f"max {mx:6.1f} ms  peak RSS {agg[phase][4] / 2**20:.0f} MiB")
     for a, b, what in (("serve", "floor", "serve against the trivial floor"),
                        ("serve", "still", "serve refreshing against serve not refreshing"),
-                       ("serve", "other", "serve against the other checkout's")):
+                       ("serve", "other", "serve against 'other'")):
         if a in agg and b in agg:
             print(f"{what}: req/s x{agg[a][0] / agg[b][0]:.2f}, p50 x{agg[a][1] / agg[b][1]:.2f}, "
                   f"p99 x{agg[a][2] / agg[b][2]:.2f}")

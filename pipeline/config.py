@@ -505,8 +505,16 @@ class ServeConfig:
     idle_timeout_s: float = 75.0
     send_timeout_s: float = 30.0
     max_connections: int = 1000
+    # uvicorn's HTTP protocol and event loop (its --http and --loop): httptools and uvloop, or the
+    # pure-Python h11 and asyncio's own loop.
+    http: str = "httptools"
+    loop: str = "uvloop"
 
     def validate(self) -> None:
+        if self.http not in ("httptools", "h11"):
+            raise ConfigError(f"serve.http must be 'httptools' or 'h11', got {self.http!r}")
+        if self.loop not in ("uvloop", "asyncio"):
+            raise ConfigError(f"serve.loop must be 'uvloop' or 'asyncio', got {self.loop!r}")
         _positive(self, "refresh_interval_s", "max_data_age_s", "forget_after_s", "page_refresh_s",
                   "header_timeout_s", "idle_timeout_s", "send_timeout_s", "max_connections")
         if not 1024 <= self.max_header_bytes <= 1 << 20:

@@ -20,7 +20,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import unquote
 
 import orjson
@@ -143,9 +144,13 @@ class Routes:
         self._api_prefix, self._api_root = p + "/", p
 
     def answer(self, request: Request) -> Reply:
-        path = api.canonical_path(request.path)
         snap = self.refresher.snapshot
-        if snap is not None:  # the common case first: an answer the refresh rendered
+        if snap is not None:  # the common case first: an answer the refresh rendered, asked for as rendered
+            answer = snap.answers.get(request.path)
+            if answer is not None:
+                return Reply(answer[0], _JSON, answer[1])
+        path = api.canonical_path(request.path)
+        if snap is not None and path != request.path:
             answer = snap.answers.get(path)
             if answer is not None:
                 return Reply(answer[0], _JSON, answer[1])
@@ -183,13 +188,26 @@ class Routes:
         return _json(api.not_found(path, "resource"))
 
 
+def _event_loop_run(name: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """``asyncio.run`` on the event loop ``serve.loop`` names."""
+    if name == "asyncio":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigError("serve.loop = 'uvloop' needs the uvloop package (not on Windows): "
+                          "install it or set serve.loop = 'asyncio'") from None
+    return uvloop.run
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-# asyncio's TLS transport allocates (and zero-fills) a read buffer of SSLProtocol.max_size, 256 KiB,
-# for every accepted connection, before its handshake: ~80 MB for 300 silent connections. A TLS
-# record carries at most 16 KiB, so 32 KiB reads lose nothing.
+# asyncio's TLS transport (serve.loop = "asyncio") allocates and zero-fills a read buffer of
+# SSLProtocol.max_size, 256 KiB, for every accepted connection, before its handshake: ~80 MB for 300
+# silent connections. A TLS record carries at most 16 KiB, so 32 KiB reads lose nothing. (uvloop's
+# mallocs its buffer without touching it: the pages become resident only as data arrives.)
 _TLS_READ_BUFFER = 32 * 1024
 
 
@@ -238,7 +256,7 @@ class Server:
         app = App(Routes(self.cfg, self.refresher).answer, auth.check if auth else None, BasicAuth.denied,
                   s.max_header_bytes)
         limits = Limits(s.max_header_bytes, s.header_timeout_s, s.idle_timeout_s, s.send_timeout_s, s.max_connections)
-        return build_server(app, limits, self.ssl)
+        return build_server(app, limits, self.ssl, s.http)
 
     async def _serve(self, on_ready: Callable[[str], None] | None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -273,7 +291,7 @@ class Server:
 
     def run(self, on_ready: Callable[[str], None] | None = None) -> None:
         """Serve until :meth:`stop` (or Ctrl-C, SIGTERM)."""
-        asyncio.run(self._serve(on_ready))
+        _event_loop_run(self.cfg.serve.loop)(self._serve(on_ready))
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Serve in a daemon thread; returns the URL once it listens."""

@@ -1,9 +1,10 @@
-"""serve's HTTP side on uvicorn's h11 protocol: the ASGI app and the limits every client meets.
+"""serve's HTTP side on uvicorn (httptools, or h11): the ASGI app and the limits every client meets.
 
-uvicorn and h11 carry the protocol (parsing, keep-alive, pipelining one answer at a time, the
-request-head size enforced as it arrives); this module adds what they leave to the application:
-a deadline for a request head to arrive whole (slow clients), a send timeout for a client that
-takes no answer off the server, and a cap on open connections. The app answers GET and HEAD from
+uvicorn carries the protocol (parsing, keep-alive, pipelined requests answered one at a time);
+this module adds what it leaves to the application: a deadline for a request head to arrive whole
+(slow clients), a send timeout for a client that takes no answer off the server, a cap on open
+connections, and, on httptools, the request-head size bound while it arrives (h11 has its own) and
+a bound on requests queued behind the answer in flight. The app answers GET and HEAD from
 the snapshot the refresh rendered, so a request never waits for the tables.
 """
 
@@ -18,6 +19,7 @@ from typing import Any, NamedTuple
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("pipeline.serve.access")
@@ -49,10 +51,16 @@ class Limits:
     max_connections: int = 1000
 
 
-def build_server(app: Any, limits: Limits, ssl_context: ssl.SSLContext | None = None) -> uvicorn.Server:
-    """A uvicorn server for ``app`` with ``limits``; serve it with ``server.serve(sockets=[...])``."""
+HTTP_PROTOCOLS = ("httptools", "h11")
+
+
+def build_server(app: Any, limits: Limits, ssl_context: ssl.SSLContext | None = None,
+                 http: str = "httptools") -> uvicorn.Server:
+    """A uvicorn server for ``app`` with ``limits`` on ``http`` (one of :data:`HTTP_PROTOCOLS`);
+    serve it with ``server.serve(sockets=[...])``."""
+    protocol = {"httptools": guarded_httptools, "h11": guarded_h11}[http](limits)
     config = uvicorn.Config(
-        app, http=guarded_protocol(limits), lifespan="off", log_config=None, access_log=False,
+        app, http=protocol, lifespan="off", log_config=None, access_log=False,
         server_header=False, timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_header_bytes, backlog=1024, timeout_graceful_shutdown=5,
         ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context is not None else None,
@@ -60,25 +68,72 @@ def build_server(app: Any, limits: Limits, ssl_context: ssl.SSLContext | None = 
     return uvicorn.Server(config)
 
 
-def guarded_protocol(limits: Limits) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a request-head deadline, a send timeout and a connection cap."""
+class _Guards:
+    """What both protocols add: a connection cap, a request-head deadline, a send timeout.
 
-    class Guarded(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-        _send_timer: asyncio.TimerHandle | None = None
+    Mixed in before uvicorn's protocol class, whose ``transport``, ``loop``, ``connections`` and
+    ``client`` it uses.
+    """
+
+    limits: Limits
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    connections: set[Any]
+    client: Any
+    _head_timer: asyncio.TimerHandle | None = None
+    _send_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("serve: %d connections open: closing a new one", len(self.connections) - 1)
+            transport.close()
+            return
+        self._arm_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._drop, "send timeout")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        _cancel(self._send_timer)
+        self._send_timer = None
+
+    def _arm_head(self) -> None:
+        _cancel(self._head_timer)
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._drop, "request head timeout")
+
+    def _head_arrived(self) -> None:
+        _cancel(self._head_timer)
+        self._head_timer = None
+
+    def _drop(self, why: str) -> None:
+        if not self.transport.is_closing():
+            log.debug("serve: %s: closing the connection of %s", why, self.client)
+            self.transport.abort()
+
+    def _cancel_timers(self) -> None:
+        _cancel(self._head_timer)
+        _cancel(self._send_timer)
+        self._head_timer = self._send_timer = None
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
+
+
+def guarded_h11(limits: Limits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the guards; h11 itself bounds a request head while it arrives."""
+
+    class GuardedH11(_Guards, H11Protocol):
         _parsed: object = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
-                log.warning("serve: %d connections open: closing a new one", len(self.connections) - 1)
-                transport.close()
-                return
-            self._arm_head()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_timers()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._head_timer is None and self._waiting_for_head():
@@ -86,47 +141,83 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             super().data_received(data)
             if self.cycle is not self._parsed:  # a whole request head arrived
                 self._parsed = self.cycle
-                self._cancel(self._head_timer)
-                self._head_timer = None
+                self._head_arrived()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self._waiting_for_head() and self.conn.trailing_data[0]:
                 self._arm_head()  # part of the next request is already here: it must finish in time
 
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._send_timer is None:
-                self._send_timer = self.loop.call_later(limits.send_timeout_s, self._drop, "send timeout")
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            self._cancel(self._send_timer)
-            self._send_timer = None
-
         def _waiting_for_head(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
 
-        def _arm_head(self) -> None:
-            self._cancel(self._head_timer)
-            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._drop, "request head timeout")
+    GuardedH11.limits = limits
+    return GuardedH11
 
-        def _drop(self, why: str) -> None:
-            if not self.transport.is_closing():
-                log.debug("serve: %s: closing the connection of %s", why, self.client)
-                self.transport.abort()
 
-        def _cancel_timers(self) -> None:
-            self._cancel(self._head_timer)
-            self._cancel(self._send_timer)
-            self._head_timer = self._send_timer = None
+# Requests one connection may queue behind the answer in flight; a client pipelining deeper is dropped
+# (httptools parses a whole read at once, so each queued request holds its parsed head meanwhile).
+MAX_PIPELINED = 32
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+              b"Content-Length: 37\r\nConnection: close\r\n\r\n431: Request Header Fields Too Large\n")
 
-        @staticmethod
-        def _cancel(timer: asyncio.TimerHandle | None) -> None:
-            if timer is not None:
-                timer.cancel()
 
-    return Guarded
+def guarded_httptools(limits: Limits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the guards, a request-head size bound and a pipelining bound.
+
+    httptools keeps a header value that has not ended without telling anyone, so the bytes read
+    while a head is incomplete are counted here: once they pass ``max_header_bytes`` the client
+    gets a 431 and the connection is closed. (Of a read in which another head ended, the new
+    head's share is unknown and not counted; :class:`App` measures every whole head exactly.)
+    """
+
+    class GuardedHttpTools(_Guards, HttpToolsProtocol):
+        _in_head = False
+        _head_bytes = 0  # read while this head is incomplete
+        _heads_done = 0  # heads completed in the read being parsed
+        _dropped = False
+
+        def data_received(self, data: bytes) -> None:
+            self._heads_done = 0
+            super().data_received(data)
+            if self._in_head and not self._heads_done and not self._dropped:
+                self._head_bytes += len(data)
+                if self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+                    log.debug("serve: a request head of %s passed %d bytes", self.client, self.limits.max_header_bytes)
+                    self._dropped = True
+                    if self.pipeline or not (self.cycle is None or self.cycle.response_complete):
+                        self.transport.abort()  # an answer is still going out: no room for a 431
+                    else:
+                        self.transport.write(_TOO_LARGE)
+                        self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._head_bytes = True, 0
+            if self._head_timer is None:
+                self._arm_head()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._heads_done += 1
+            self._head_arrived()
+            if self._dropped:
+                return
+            if len(self.pipeline) >= MAX_PIPELINED:
+                log.debug("serve: %s pipelined over %d requests: closing after their answers", self.client,
+                          MAX_PIPELINED)
+                self._dropped = True
+                self.pipeline[0][0].keep_alive = False  # the newest queued: the connection closes after it
+                return
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._in_head:
+                self._arm_head()  # the next head began while this answer was out: its time starts now
+
+    GuardedHttpTools.limits = limits
+    return GuardedHttpTools
 
 
 Scope = dict[str, Any]
@@ -184,11 +275,11 @@ class App:
             return
         reply, request = await self._reply(scope)
         await self._send(send, scope["method"] == "HEAD", reply)
-        client = scope.get("client")
-        access_log.debug('%s "%s %s HTTP/%s" %d %d', f"{client[0]}:{client[1]}" if client else "-",
-                         scope["method"], request.path if request else origin_path(scope["raw_path"]).decode("latin-1"),
-                         scope["http_version"],
-                         reply.status, len(reply.body))
+        if access_log.isEnabledFor(logging.DEBUG):  # `faultwatch -v serve`
+            client = scope.get("client")
+            access_log.debug('%s "%s %s HTTP/%s" %d %d', f"{client[0]}:{client[1]}" if client else "-",
+                             scope["method"], request.path if request else origin_path(scope["raw_path"]).decode("latin-1"),
+                             scope["http_version"], reply.status, len(reply.body))
 
     async def _reply(self, scope: Scope) -> tuple[Reply, Request | None]:
         counts: dict[bytes, int] = {}

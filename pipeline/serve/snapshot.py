@@ -169,8 +169,8 @@ def health(snapshot: _HasHealth | None, cfg: Config, now_ms: int) -> tuple[int, 
     if snapshot is None:
         return 503, ["no refresh of the tables has finished yet"]
     s = cfg.serve
-    reasons = [snapshot.state.table_errors[t] for t in (*REQUIRED_TABLES, *s.fresh_tables)
-               if t in snapshot.state.table_errors]
+    reasons = [snapshot.state.table_errors[t] for t in dict.fromkeys((*REQUIRED_TABLES, *s.fresh_tables))
+               if t in snapshot.state.table_errors]  # each table once, though required and fresh
     reasons += [f"avoidance file {name}: {why}" for name, why in sorted(snapshot.state.avoidance_bad.items())]
     stale_after_ms = int((3 * s.refresh_interval_s + 30) * 1000)
     if now_ms - snapshot.refresh.finished_ms > stale_after_ms:

@@ -27,7 +27,7 @@ import pytest
 from pipeline.publish.sinks import write_cluster_files
 from tests.integration.processes import kill_tree
 from tests.integration.test_serve_security import self_signed, start_serve, write_serve_config
-from tests.unit.test_serve import CLUSTER, avoidance_doc, get, get_json, write_outage_tables
+from tests.unit.test_serve import CLUSTER, _write, avoidance_doc, get, get_json, write_outage_tables
 
 MIB = 1 << 20
 BOUND_S = 60.0  # generous bound for events; only a broken server takes this long
@@ -170,7 +170,7 @@ def test_slowloris_and_idle_connections_are_closed(served: Served) -> None:
 
 
 def test_names_that_look_like_paths_reach_only_their_own_resource(served: Served) -> None:
-    warmed(served)
+    base = warmed(served)
     now_ms = int(time.time() * 1000)
     write_cluster_files(str(served.tmp / "avoidance"), [
         (n, orjson.dumps(avoidance_doc(n, now_ms))) for n in (f"{CLUSTER}/consumer", "..", "x%2fy")])
@@ -181,10 +181,12 @@ def test_names_that_look_like_paths_reach_only_their_own_resource(served: Served
     assert get_json(f"{api}/%2E%2E/avoidance")[1]["cluster"] == ".."
     assert get_json(f"{api}/x%252fy/avoidance")[1]["cluster"] == "x%2fy"
     assert get_json(f"{api}/x%2fy/avoidance")[0] == 404
+    answered(served)
+    assert served.rss() - base < 20 * MIB
 
 
 def test_a_deleted_table_and_a_bad_avoidance_file_are_named(served: Served) -> None:
-    warmed(served)
+    base = warmed(served)
     table = served.tmp / "tables" / "broker_health"
     table.rename(served.tmp / "away")
     (served.tmp / "avoidance" / "Bad.json").write_bytes(b'{"cluster": "Bad", "decided_ms": []}')
@@ -199,6 +201,8 @@ def test_a_deleted_table_and_a_bad_avoidance_file_are_named(served: Served) -> N
     assert b'faultwatch_table_up{table="broker_health"} 0.0' in metrics
     assert b'faultwatch_avoidance_file_unusable{file="Bad.json"} 1.0' in metrics
     assert get(served.url + f"v3/rocketmq/{CLUSTER}/avoidance")[0] == 200  # the good list still served
+    answered(served)
+    assert served.rss() - base < 20 * MIB
     (served.tmp / "away").rename(table)
     (served.tmp / "avoidance" / "Bad.json").unlink()
     wait_for(lambda: get_json(served.url + "healthz")[0] == 200, "healthz 200 again")
@@ -241,10 +245,11 @@ def test_a_flood_of_wrong_passwords_costs_bcrypt_once_per_header(tmp_path: Path)
         assert text.count("failed login") == 1 and "user 'prometheus'" in text
 
 
-def test_tls_connections_without_a_handshake(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_tls_connections_without_a_handshake(tmp_path: Path, loop: str) -> None:
     cert, key = self_signed(tmp_path)
     env = {"FAULTWATCH_SERVE_TLS_CERT_FILE": str(cert), "FAULTWATCH_SERVE_TLS_KEY_FILE": str(key)}
-    with started(tmp_path, env=env) as s:
+    with started(tmp_path, f'loop = "{loop}"\n', env=env) as s:
         s.context = ssl.create_default_context(cafile=str(cert))
         base = warmed(s)
         silent = [raw(s) for _ in range(200)]
@@ -257,3 +262,46 @@ def test_tls_connections_without_a_handshake(tmp_path: Path) -> None:
             for sock in silent:
                 sock.close()
         answered(s)
+
+
+def test_an_unreadable_table_under_rust_backtrace_gets_short_503s_without_paths(tmp_path: Path) -> None:
+    with started(tmp_path, env={"RUST_BACKTRACE": "full"}) as s:
+        base = warmed(s)
+        table = s.tmp / "tables" / "queue_lag"
+        _write(s.tmp / "tables", "queue_lag", [{"cluster": CLUSTER, "consumer_group": "CG_pay", "topic": "TopicPay",
+                                                "broker_name": "broker-a", "queue_id": 0, "ts_ms": 1, "event_date": "x"}])
+        newest = max(table.rglob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        newest.write_bytes(b"not parquet at all")
+        doc = wait_for(lambda: (r := get_json(s.url + "healthz"))[0] == 503 and r, "healthz 503")[1]
+        assert len(doc["reasons"]) == 1 and doc["reasons"][0].startswith("table queue_lag unreadable: "), doc
+        answers = [get(s.url + "healthz"), get(f"{s.url}v3/rocketmq/{CLUSTER}/consumer/CG_pay/status"),
+                   get(s.url + "nowhere")]
+        assert [a[0] for a in answers] == [503, 503, 404]
+        for _, body, _ in answers:
+            text = body.decode()
+            assert len(body) < 1024 and str(s.tmp) not in text and "backtrace" not in text.lower(), text
+        answered(s)
+        assert s.rss() - base < 20 * MIB
+
+
+def test_gzip_only_when_accepted_and_every_request_logged_at_v(served: Served) -> None:
+    import urllib.request
+
+    warmed(served)
+
+    def metrics(accept: str) -> tuple[str | None, bytes]:
+        request = urllib.request.Request(served.url + "metrics", headers={"Accept-Encoding": accept})
+        with urllib.request.urlopen(request, timeout=BOUND_S) as resp:
+            return resp.headers.get("Content-Encoding"), resp.read()
+
+    assert metrics("gzip")[0] == "gzip"
+    encoding, body = metrics("gzip;q=0, identity")
+    assert encoding is None and b"faultwatch_table_up" in body
+    with raw(served) as sock:  # and a bad request is logged too, with its status
+        sock.sendall(b"GET /x HTTP/1.1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+    def logged() -> bool:  # each line is written once its answer went out: wait for the last one itself
+        text = served.log.read_text()
+        return '"GET /x HTTP/1.1" 400' in text and text.count('"GET /metrics HTTP/1.1" 200') >= 8
+
+    wait_for(logged, "the access log lines")

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +84,14 @@ def write_outage_tables(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
-def get(url: str, auth: str | None = None, context: Any = None) -> tuple[int, bytes, dict[str, str]]:
+def get(url: str, auth: str | None = None, context: Any = None) -> tuple[int, bytes, Message]:
+    """Status, body and headers (looked up by name in any case, as HTTP names are)."""
     request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
     try:
         with urllib.request.urlopen(request, timeout=10, context=context) as resp:
-            return resp.status, resp.read(), dict(resp.headers)
+            return resp.status, resp.read(), resp.headers
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
+        return exc.code, exc.read(), exc.headers
 
 
 def get_json(url: str, **kw: Any) -> tuple[int, Any]:

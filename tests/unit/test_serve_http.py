@@ -22,7 +22,17 @@ import bcrypt
 import pytest
 
 from pipeline.serve.app import BasicAuth
-from pipeline.serve.asgi import App, Limits, Reply, Request, accepts_gzip, build_server, origin_path
+from pipeline.serve.asgi import (
+    HTTP_PROTOCOLS,
+    MAX_PIPELINED,
+    App,
+    Limits,
+    Reply,
+    Request,
+    accepts_gzip,
+    build_server,
+    origin_path,
+)
 
 BOUND_S = 20.0  # generous: only a broken server takes this long
 
@@ -37,8 +47,8 @@ def answer(request: Request) -> Reply:
 class Running:
     """A uvicorn server with serve's app and limits, on its own loop in a thread, on a free port."""
 
-    def __init__(self, app: App, limits: Limits) -> None:
-        self.server = build_server(app, limits)
+    def __init__(self, app: App, limits: Limits, http: str) -> None:
+        self.server = build_server(app, limits, http=http)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
@@ -56,12 +66,23 @@ class Running:
         self.sock.close()
 
 
+HTTP = {"protocol": "httptools"}
+
+
+@pytest.fixture(autouse=True, params=HTTP_PROTOCOLS)
+def http(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every case on each of uvicorn's protocols serve offers."""
+    HTTP["protocol"] = request.param
+    yield request.param
+    HTTP["protocol"] = "httptools"
+
+
 def start(app: App | None = None, **limits: Any) -> Running:
-    return Running(app or App(answer), Limits(**limits))
+    return Running(app or App(answer), Limits(**limits), HTTP["protocol"])
 
 
 @pytest.fixture
-def plain() -> Iterator[Running]:
+def plain(http: str) -> Iterator[Running]:
     running = start()
     yield running
     running.close()
@@ -162,6 +183,22 @@ def test_pipelined_requests_are_answered_in_order_and_close_ends_it(plain: Runni
         assert closed(s)
 
 
+def test_a_client_pipelining_past_the_bound_is_dropped_after_its_first_answers(plain: Running, http: str) -> None:
+    """httptools parses a whole read at once: past MAX_PIPELINED queued requests the connection goes.
+    h11 parses one request at a time (the rest stays raw bytes, reading paused): all are answered."""
+    with connect(plain.port) as s:
+        s.sendall(b"".join(get(f"/{i}") for i in range(200)))
+        answers = 0
+        with contextlib.suppress(ConnectionError):
+            while answers < 200:
+                assert read_answer(s)[::2] == (200, f"GET /{answers} gzip=False".encode())
+                answers += 1
+        assert answers == (200 if http == "h11" else MAX_PIPELINED + 1)
+    with connect(plain.port) as other:  # and the server goes on
+        other.sendall(get("/other"))
+        assert read_answer(other)[0] == 200
+
+
 def test_only_get_and_head_are_answered_without_waiting_for_the_body(plain: Running) -> None:
     with connect(plain.port) as s:
         s.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")  # no body follows
@@ -187,7 +224,7 @@ def test_an_oversized_head_is_refused_while_it_arrives() -> None:
     try:
         with connect(running.port) as s:
             s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000)  # never terminated
-            assert read_answer(s)[0] == 400
+            assert read_answer(s)[0] in (400, 431)
             assert closed(s)
         with connect(running.port) as s:  # a whole head over the limit, in one read
             s.sendall(get("/x", "Host: x\r\nX-Big: " + "a" * 17000 + "\r\n"))
