@@ -44,11 +44,12 @@ def kafka_classpath() -> list[Path]:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as StorageTool makes).
-
-    One in 64 starts with "-": pass it as ``--cluster-id=<id>``, never as a separate argument.
-    """
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as StorageTool makes),
+    never starting with "-" (as Kafka's own ids: the format step would take it for an option)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def _properties(port: int, controller_port: int, data: Path, extra: Mapping[str, object],

@@ -7,10 +7,10 @@ micro-batch, ``availableNow``, new partitions picked up. Records are unpacked by
 (``write_root``) each task writes its bronze Parquet itself and emits only its file list plus the
 events a stateful step reads, cut per state key (:mod:`streaming.feeds`). With ``event_time`` each
 offset carries the batch's settle point (:func:`settle_point`), so cutting a backlog into batches
-makes no on-time event late. Partition ends come from fetch responses (high watermarks, or last
-stable offsets under read_committed), exact on Apache Kafka and on Tansu, whose ListOffsets answer is
-wrong when the last batch holds several records. Offsets that are gone are found before each batch
-(:mod:`streaming.kafka_gaps`).
+makes no on-time event late. Partition ends come from Kafka's ListOffsets answer once a probe has
+shown the broker answers it right (Apache Kafka does), else from fetch responses (high watermarks, or
+last stable offsets under read_committed): Tansu's ListOffsets answer is short when the last batch
+holds several records. Offsets that are gone are found before each batch (:mod:`streaming.kafka_gaps`).
 """
 
 from __future__ import annotations
@@ -290,6 +290,9 @@ def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
 
 # What one driver poll may return while it looks for the partitions' ends (see _end_offsets).
 DRAIN_RECORDS = 100_000
+# Look-ups of the ends that may probe ListOffsets before the ends always come from fetches, and
+# the longest one probe waits for its fetches.
+PROBES, PROBE_WAIT_S = 3, 1.0
 
 
 class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -303,6 +306,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None  # availableNow: never read past this
         self._ends: dict[str, int] = {}  # the last end offsets learnt, per "topic/partition"
         self.end_polls = 0  # the polls the last look-up of the ends took
+        # Whether ListOffsets answers true ends here (None: not known), and how many more look-ups may
+        # probe it (option end_offsets = "fetch": none, the ends always come from fetches).
+        self.listing_exact: bool | None = None
+        self._probes_left = PROBES if options.get("end_offsets", "auto") == "auto" else 0
         self._missing_warned: set[str] = set()
         # With ``event_time``, every offset also carries the batch's settle point (``SETTLE``).
         self.event_time = options.get("event_time") == "true"
@@ -335,7 +342,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             try:
                 return call(*args)
-            except (KafkaConnectionError, KafkaTimeoutError) as exc:
+            # KeyError: kafka-python leaves a partition whose leader its metadata does not know (a topic
+            # just deleted or re-created) out of its answer, and then fails looking it up.
+            except (KafkaConnectionError, KafkaTimeoutError, KeyError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise KafkaUnavailableError(
                         f"Kafka did not answer the {what} request for {timeout_s:.0f}s "
@@ -362,7 +371,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def _end_offsets(self) -> dict[str, int]:
-        """The true end of every partition, from fetch high watermarks (see module docstring)."""
+        """The true end of every partition: Kafka's ListOffsets answer where the broker has shown it
+        answers right (:meth:`_probe_listing`), else fetch high watermarks (see module docstring)."""
         from kafka import TopicPartition
 
         consumer = self._driver_consumer()
@@ -370,6 +380,21 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not tps:
             return {}
         listed = self._ask("end offsets", consumer.end_offsets, tps)
+        if self.listing_exact is None and self._probes_left > 0:
+            self._probes_left -= 1
+            self.listing_exact = self._probe_listing(consumer, tps, listed)
+        if self.listing_exact:  # (under read_committed ListOffsets answers the last stable offsets)
+            ends, polls = dict(listed), 0
+        else:
+            ends, polls = self._ends_from_fetches(consumer, tps, listed)
+        out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
+        self._ends = out
+        self.end_polls = polls
+        return out
+
+    def _ends_from_fetches(self, consumer: Any, tps: list[Any], listed: dict[Any, int]) -> tuple[dict[Any, int], int]:
+        """Each partition's end from the high watermarks (or last stable offsets) of fetches from
+        where ListOffsets says it ends, and the polls that took: exact whatever ListOffsets answers."""
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, max(listed[tp], self._known_end(tp)))
@@ -392,10 +417,40 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.committed_only:  # read_committed reads up to the last stable offset, not the high watermark
             stable = self._stable if self._stable is not None else listed  # (ListOffsets answers it too)
             ends = {tp: min(hw, stable.get(tp, hw)) for tp, hw in ends.items()}
-        out = {_key(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
-        self._ends = out
-        self.end_polls = polls
-        return out
+        return ends, polls
+
+    def _probe_listing(self, consumer: Any, tps: list[Any], listed: dict[Any, int]) -> bool | None:
+        """Whether this broker's ListOffsets answers each partition's true end: True, False, or
+        None while no partition shows it either way (asked again at the next look-up).
+
+        A fetch of at most one byte from offset end - 2 (end: the listed one) returns the one record
+        batch holding it. Batches never change once written, so records in it at or past the listed
+        end prove the answer short (Tansu's, after a batch of several records); the records end - 2
+        and end - 1 as the whole rest of one batch prove it right where a short answer would show.
+        Anything else (single-record or control batches, compacted offsets, a partition listed as
+        holding one record, whose batch is then fetched from 0) proves nothing."""
+        probed = [tp for tp in tps if listed[tp] >= 1]
+        if not probed:
+            return None
+        consumer.assign(probed)
+        for tp in probed:
+            consumer.seek(tp, max(0, listed[tp] - 2))
+        seen: dict[Any, list[int]] = {}
+        deadline = time.monotonic() + PROBE_WAIT_S
+        while len(seen) < len(probed) and time.monotonic() < deadline:
+            polled = poll_or_explain(consumer, "ListOffsets probe", timeout_ms=100, max_records=DRAIN_RECORDS)
+            for tp, records in polled.items():
+                seen.setdefault(tp, [rec.offset for rec in records])
+        if any(max(offsets, default=-1) >= listed[tp] for tp, offsets in seen.items()):
+            verdict: bool | None = False
+        elif any(offsets == [listed[tp] - 2, listed[tp] - 1] for tp, offsets in seen.items()):
+            verdict = True
+        else:
+            verdict = None
+        log.info("ListOffsets probe over %d partitions: %s", len(probed),
+                 {True: "exact, ends from ListOffsets", False: "short, ends from fetches",
+                  None: "inconclusive, ends from fetches"}[verdict])
+        return verdict
 
     def _known_end(self, tp: Any) -> int:
         return self._ends.get(_key(tp.topic, tp.partition), 0)
