@@ -32,6 +32,9 @@ KAFKA_VERSION = "4.1.1"
 # The broker logs through SLF4J; without a binding it would print nothing at all.
 _ARTIFACTS = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", "org.slf4j:slf4j-simple:1.7.36")
 HEAP = "512m"
+# How long a start (or a restart, which loads the logs again first) may take before it is an error:
+# over 60 s was seen at a load average of 25-40 on two cores; waiting longer costs nothing when it is up.
+START_TIMEOUT_S = 180.0
 
 
 class ApacheKafkaError(FaultwatchError, RuntimeError):
@@ -111,7 +114,7 @@ class ApacheKafka:
     def log_path(self) -> Path:
         return self.home / "broker.log"
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the broker on its ports and data (again, after :meth:`stop`) and wait until it answers."""
         if self.proc is not None and self.proc.poll() is None:
             return
@@ -198,7 +201,7 @@ def start_apache_kafka(
     home: str | os.PathLike[str] | None = None,
     client_options: Mapping[str, Any] | None = None,
     heap: str = HEAP,
-    timeout_s: float = 60.0,
+    timeout_s: float = START_TIMEOUT_S,
     listeners: Sequence[str] = (),
     format_args: Sequence[str] = (),
 ) -> ApacheKafka:
