@@ -103,4 +103,10 @@ fi
 if [ "$target" = "test" ]; then
   "$VENV/bin/python" -m pipeline.kafka_apache || die "could not resolve Apache Kafka's jars through Maven"
 fi
+# 7. delta-spark for the test that reads and maintains the job's tables as a Spark user would
+#    (tests/deltaspark): delta-spark 4.4 runs on Spark 4.2, not on the job's 4.3, so it gets a
+#    pyspark-4.2 environment under ~/.cache/faultwatch and its jars through Maven (~/.m2); once.
+if [ "$target" = "test" ]; then
+  "$VENV/bin/python" -m tests.deltaspark || die "could not prepare delta-spark (pip: pyspark 4.2.0, delta-spark; Maven: io.delta)"
+fi
 say "ready ($target)"
