@@ -187,14 +187,18 @@ class MachineCpu:
         return (b1 - b0) / (t1 - t0) if t1 > t0 else float("nan")
 
 
-def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None) -> Path:
-    """The shipped defaults but for the broker, the storage and (optionally) the Spark master."""
+def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None,
+                 max_events_per_batch: int = 0) -> Path:
+    """The shipped defaults but for the broker, the storage and (optionally) the Spark master and
+    the micro-batch size (0: the shipped default)."""
     text = (
         f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
         f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\npublish_dir = "{data}/avoidance"\n'
     )
     if master is not None:
         text += f'[spark]\nmaster = "{master}"\n'
+    if max_events_per_batch:
+        text += f"[stream]\nmax_events_per_batch = {max_events_per_batch}\n"
     path.write_text(text)
     return path
 
@@ -585,6 +589,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3, help="alternated pairs per scaling ratio (odd: a true median)")
     ap.add_argument("--brokers", default="apache,tansu",
                     help="brokers to run against, in order: apache (Apache Kafka, as production), tansu (the demo's)")
+    ap.add_argument("--max-events-per-batch", type=int, default=0,
+                    help="the main run's stream.max_events_per_batch (default: the shipped setting)")
     ap.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
                     help="codec of the backlog's record batches (default zstd, as faultwatch simulate writes)")
     args = ap.parse_args()
@@ -607,7 +613,8 @@ def main() -> None:
             data = fresh(work, f"main-{broker}")
             log = work / f"main-{broker}.log"
             cpu = broker_cpu_s(kafka)
-            main_run = run_job(stream_args(write_config(work / f"main-{broker}.toml", kafka.bootstrap, data)), log)
+            main_run = run_job(stream_args(write_config(work / f"main-{broker}.toml", kafka.bootstrap, data,
+                                                           max_events_per_batch=args.max_events_per_batch)), log)
             if not check(main_run, log, "faultwatch stream"):
                 raise SystemExit(1)
             print(f"the broker's CPU over the whole run (start-up included): {broker_cpu_s(kafka) - cpu:.1f}s",
