@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import unique_topics
@@ -130,14 +131,20 @@ def test_the_next_cycle_removes_temp_files_a_killed_write_left(cfg: Config, kafk
     assert sorted(p.name for p in folder.iterdir()) == ["c1.json"]
 
 
+def _one_cycle_published(cfg: Config, kafka: Any, prefix: str) -> tuple[Config, int, int]:
+    """The dag inputs written and one cycle published over them: (config, now in ms, cycle number)."""
+    now = int(time.time() * 1000)
+    write_inputs(cfg.storage.root, now)
+    c = unique_topics(cfg, kafka, prefix)
+    cycle = cycle_number_for(now, 60.0)
+    assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"
+    return c, now, cycle
+
+
 def test_a_corrupt_cycle_log_is_named_and_the_documented_recovery_publishes_again(  # type: ignore[no-untyped-def]
     cfg: Config, kafka
 ) -> None:
-    now = int(time.time() * 1000)
-    write_inputs(cfg.storage.root, now)
-    c = unique_topics(cfg, kafka, "corrupt")
-    cycle = cycle_number_for(now, 60.0)
-    assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"
+    c, now, cycle = _one_cycle_published(cfg, kafka, "corrupt")
     cut_newest_commit(c.storage.root, "publisher_cycles")
 
     broken = run_cycle(c, cycle_number=cycle + 60_000, at_ms=now + 60_000)
@@ -156,11 +163,7 @@ def test_a_corrupt_cycle_log_is_named_and_the_documented_recovery_publishes_agai
 def test_a_corrupt_input_table_fails_the_cycle_and_the_alerts_hold_the_last_broker_state(  # type: ignore[no-untyped-def]
     cfg: Config, kafka
 ) -> None:
-    now = int(time.time() * 1000)
-    write_inputs(cfg.storage.root, now)
-    c = unique_topics(cfg, kafka, "badin")
-    cycle = cycle_number_for(now, 60.0)
-    assert run_cycle(c, cycle_number=cycle, at_ms=now).status == "published"  # b2's episode alert fires
+    c, now, cycle = _one_cycle_published(cfg, kafka, "badin")  # b2's episode alert fires
     write(c.storage.root, "broker_fault_episodes_live", [episode_row("b2", now - 90 * S, 1, now)])
     cut_newest_commit(c.storage.root, "broker_fault_episodes_live")
 
