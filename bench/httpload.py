@@ -2,7 +2,8 @@
 
 ``load HOST PORT SECONDS CONCURRENCY [RATE]``: keep-alive connections on raw asyncio protocols,
 one request in flight per connection (or RATE requests/s in all), latencies from write to last
-byte. Request lines ``KIND PATH`` come on stdin; each connection picks among them at random.
+byte; every connection is opened before the first request is sent, and answers over 200 ms are
+listed (when sent, how long). Request lines ``KIND PATH`` come on stdin; each connection picks among them at random.
 Prints one JSON line: latencies (s) per kind, non-200 answers, CPU seconds of this process, the
 event loop. It runs on uvloop when installed (~21 us of CPU per request here, asyncio's loop ~68):
 the client shares the two cores with the server it measures. An aiohttp client in the
@@ -25,12 +26,16 @@ import time
 from functools import partial
 from pathlib import Path
 
+SLOW_S = 0.2  # answers slower than this are listed (when sent, how long, connection, its n-th answer)
+
 
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: send, wait for the whole answer, record, repeat."""
 
     def __init__(self, run: _Run, n: int) -> None:
         self.run = run
+        self.n = n
+        self.served = 0
         self.rng = random.Random(n)
         self.buf = bytearray()
         self.need = -1  # bytes of the whole answer, once its head is read
@@ -44,7 +49,6 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._next()
 
     def _next(self) -> None:
         """Send now (closed loop), or at this connection's next slot (open loop), until the deadline."""
@@ -84,7 +88,11 @@ class _Conn(asyncio.Protocol):
             return
         if len(self.buf) > self.need:
             raise RuntimeError("more bytes than one answer: the server pipelined or miscounted")
-        self.run.latencies[self.kind].append(time.perf_counter() - self.started)
+        took = time.perf_counter() - self.started
+        self.run.latencies[self.kind].append(took)
+        if took > SLOW_S:
+            self.run.slow.append((round(self.started - self.run.t0, 3), round(took, 3), self.n, self.served))
+        self.served += 1
         if not self.status_ok:
             self.run.errors += 1
         self.buf.clear()
@@ -108,6 +116,8 @@ class _Run:
         self.rate = rate
         self.latencies: dict[str, list[float]] = {kind: [] for kind, _ in paths}
         self.errors = 0
+        self.t0 = time.perf_counter()
+        self.slow: list[tuple[float, float, int, int]] = []
 
 
 async def run(host: str, port: int, paths: list[tuple[str, str]], seconds: float, concurrency: int,
@@ -118,11 +128,19 @@ async def run(host: str, port: int, paths: list[tuple[str, str]], seconds: float
     for n in range(concurrency):
         _, proto = await r.loop.create_connection(partial(_Conn, r, n), host, port)
         conns.append(proto)
+    # Every connection is open before the first request: an answer's time is then the server's
+    # work and queue, not the wait for the server to accept the last of the connections.
+    r.deadline = time.monotonic() + seconds
+    r.t0 = time.perf_counter()
+    for c in conns:
+        c.next_at = time.monotonic() + c.rng.random() * c.period
+        c._next()
     lost = await asyncio.gather(*(c.closed for c in conns))
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     broken = [e for e in lost if e is not None]
     return {
         "latencies": r.latencies,
+        "slow": r.slow,
         "errors": r.errors + len(broken),
         "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
         "loop": type(r.loop).__module__.split(".")[0],

@@ -359,6 +359,11 @@ def report_phase(phase: str, out: dict[str, Any], seconds: float) -> None:
           f"({kinds}); {out['errors']} non-200; CPU cores: server {out['cpu_serving'] / seconds:.2f}, its children "
           f"{out['cpu_children'] / seconds:.2f}, client {out['cpu_s'] / seconds:.2f}; peak RSS "
           f"{out['rss'] / 2**20:.0f} MiB{extra}", flush=True)
+    slow = out.get("slow", [])
+    if slow:
+        worst = ", ".join(f"{took * 1000:.0f} ms at {at:.1f}s (connection {conn}, answer {nth})"
+                          for at, took, conn, nth in sorted(slow, key=lambda s: -s[1])[:5])
+        print(f"         {len(slow)} answers over 200 ms; the slowest: {worst}", flush=True)
 
 
 def summary(results: dict[str, list[dict[str, Any]]], phases: list[str], seconds: float) -> None:
