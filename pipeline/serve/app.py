@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import gc
 import hashlib
 import hmac
 import logging
@@ -232,6 +233,15 @@ def ssl_context(cfg: Config) -> ssl.SSLContext | None:
     return ctx
 
 
+def _freeze_startup_heap() -> None:
+    """Move every object alive at start-up (modules, classes, the config: ~90,000 of them) out of
+    the collector's reach. A full collection scans every tracked object with the GIL held; with
+    them it took 35-90 ms and ran about once a second under load (each one a stall of every request
+    in flight), without them it scans only what serving and the current snapshot created."""
+    gc.collect()
+    gc.freeze()
+
+
 class Server:
     """serve's HTTP server and refresher, in a thread of its own (:meth:`start`) or in the
     calling thread (:meth:`run`)."""
@@ -278,6 +288,8 @@ class Server:
             scheme = "https" if self.ssl else "http"
             self.url = f"{scheme}://{host}:{port}/" if ":" not in host else f"{scheme}://[{host}]:{port}/"
             log.debug("serve: HTTP on %s:%d%s", host, port, " over TLS" if self.ssl else "")
+            if threading.current_thread() is threading.main_thread():
+                _freeze_startup_heap()
             self.refresher.start()
             self._ready.set()
             if on_ready is not None:
