@@ -60,6 +60,7 @@ def test_hook_events_from_both_client_lines_pass_the_contract_and_reach_bronze( 
         assert result["failed"] == 0, result
         stats = d.command("flush")
         assert (stats["offered"], stats["delivered"], stats["dropped"]) == (60, 60, 0), stats
+        assert stats["client_latency"] is True, stats  # the hook's tap sits on the producer's fault strategy
         sent[version] = {**result, "client_id": d.command("faults")["client_id"]}
 
     values = read_topic(kafka.bootstrap, cfg.topics.send_results, 120)
@@ -74,6 +75,8 @@ def test_hook_events_from_both_client_lines_pass_the_contract_and_reach_bronze( 
         assert {(e["status"], e["attempt"], e["error"], e["client_id"]) for e in mine} == {
             ("SEND_OK", 0, None, result["client_id"])
         }
+        # the tap completes each event with what the client passed to updateFaultItem: 5.x passes reachable
+        assert {e.get("reachable") for e in mine} == ({True} if version.startswith("5.") else {None}), version
     # every message got its own offset in its queue: the events say exactly where each one went
     placed = [(e["broker_name"], e["queue_id"], e["queue_offset"]) for e in events]
     assert len(set(placed)) == len(placed)

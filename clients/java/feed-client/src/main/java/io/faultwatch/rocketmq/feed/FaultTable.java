@@ -1,10 +1,13 @@
 package io.faultwatch.rocketmq.feed;
 
 import java.lang.reflect.Field;
+import java.lang.reflect.InvocationHandler;
 import java.lang.reflect.Method;
+import java.lang.reflect.Proxy;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Supplier;
 
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 
@@ -16,7 +19,9 @@ import org.apache.rocketmq.client.producer.DefaultMQProducer;
  * {@code DefaultMQProducerImpl.mqFaultStrategy} then {@code MQFaultStrategy.latencyFaultTolerance}.
  * Writes go through the tolerance's own {@code updateFaultItem} (4.9.x: name, latency, duration;
  * 5.x: the same and {@code reachable}), the call {@code MQFaultStrategy.updateFaultItem} itself makes,
- * so the item's rules (4.9: always overwrite; 5.x: only grow) stay the client's.
+ * so the item's rules (4.9: always overwrite; 5.x: only grow) stay the client's. A table wrapped in
+ * a dynamic proxy whose handler is a {@link Supplier} of the real table (faultwatch send hook's tap)
+ * is read and written through the real one.
  */
 public final class FaultTable {
     /** One fault item as the client holds it. */
@@ -43,7 +48,7 @@ public final class FaultTable {
         try {
             Object impl = producer.getDefaultMQProducerImpl();
             strategy = field(impl, "mqFaultStrategy");
-            tolerance = field(strategy, "latencyFaultTolerance");
+            tolerance = unwrap(field(strategy, "latencyFaultTolerance"));
             update4 = method(tolerance.getClass(), "updateFaultItem", String.class, long.class, long.class, boolean.class);
             update3 = method(tolerance.getClass(), "updateFaultItem", String.class, long.class, long.class);
         } catch (ReflectiveOperationException e) {
@@ -108,6 +113,18 @@ public final class FaultTable {
             }
         }
         return null;
+    }
+
+    private static Object unwrap(Object tolerance) {
+        Object t = tolerance;
+        while (Proxy.isProxyClass(t.getClass())) {
+            InvocationHandler h = Proxy.getInvocationHandler(t);
+            if (!(h instanceof Supplier)) {
+                break;
+            }
+            t = ((Supplier<?>) h).get();
+        }
+        return t;
     }
 
     private static Object field(Object target, String name) throws ReflectiveOperationException {

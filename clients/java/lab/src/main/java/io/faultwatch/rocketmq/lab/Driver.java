@@ -63,7 +63,11 @@ public final class Driver {
                 opt.getOrDefault("results-topic", FaultwatchSendHook.DEFAULT_TOPIC),
                 Integer.parseInt(opt.getOrDefault("hook-capacity", "100000")), null);
         if (hook != null) {
-            producer.getDefaultMQProducerImpl().registerSendMessageHook(hook);
+            if (Boolean.parseBoolean(opt.getOrDefault("client-latency", "true"))) {
+                hook.install(producer);
+            } else {
+                producer.getDefaultMQProducerImpl().registerSendMessageHook(hook); // the hook's own timing only
+            }
         }
         producer.start();
         table = new FaultTable(producer);
@@ -189,6 +193,7 @@ public final class Driver {
         out.put("dropped", hook.sink().dropped());
         out.put("delivered", hook.sink().delivered());
         out.put("queued", hook.sink().queued());
+        out.put("client_latency", hook.tapped(producer));
     }
 
     private void consume(String group, Map<String, Object> out) throws Exception {

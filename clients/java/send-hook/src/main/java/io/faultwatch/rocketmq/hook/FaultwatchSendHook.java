@@ -1,18 +1,23 @@
 package io.faultwatch.rocketmq.hook;
 
 import java.nio.charset.StandardCharsets;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Properties;
 import java.util.UUID;
+import java.util.WeakHashMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.logging.Logger;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 
 import org.apache.rocketmq.client.hook.SendMessageContext;
 import org.apache.rocketmq.client.hook.SendMessageHook;
+import org.apache.rocketmq.client.impl.CommunicationMode;
 import org.apache.rocketmq.client.impl.producer.DefaultMQProducerImpl;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.MQVersion;
 import org.apache.rocketmq.common.message.Message;
@@ -21,17 +26,21 @@ import org.apache.rocketmq.common.message.MessageConst;
 /**
  * faultwatch's send hook: one {@code send_result} v1 event per send attempt, to Kafka.
  *
- * The hook context carries no latency, so the hook times each attempt itself between its before and
- * after calls (the after call runs just before the client's own {@code updateFaultItem} for that
- * attempt). The attempt number comes from the message's unique id, which the client sets once and
- * keeps across retries. Install it with {@code producer.getDefaultMQProducerImpl()
- * .registerSendMessageHook(new FaultwatchSendHook(cluster, bootstrap))}. The same jar runs with
- * RocketMQ's 4.9.x and 5.x clients.
+ * Install it with {@link #install(DefaultMQProducer)}: that registers the hook and a tap on the
+ * producer's fault strategy ({@link ClientLatencyTap}), so each synchronous attempt's event carries
+ * the latency the client itself charged it with and the client's own clock reading when it updated
+ * its fault table: the window faultwatch computes from the event is then the client's, to the
+ * millisecond. Where the tap cannot help (fault tolerance off: the client never calls its table;
+ * asynchronous sends; a hook registered by hand with {@code registerSendMessageHook}), the hook
+ * times the attempt itself between its before and after calls, which sees a little less of the
+ * attempt than the client does. The attempt number comes from the message's unique id, which the
+ * client sets once and keeps across retries. The same jar runs with RocketMQ's 4.9.x and 5.x clients.
  */
 public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable {
     public static final String DEFAULT_TOPIC = "rmq.send-results";
     private static final String START_KEY = "faultwatch.start.nanos";
     private static final ObjectMapper JSON = new ObjectMapper();
+    private static final Logger LOG = Logger.getLogger(FaultwatchSendHook.class.getName());
 
     private final String cluster;
     private final EventSink sink;
@@ -40,6 +49,19 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     // Event ids: one random prefix per hook, then a counter (no SecureRandom on the send path).
     private final String idPrefix = UUID.randomUUID().toString() + "-";
     private final AtomicLong idCounter = new AtomicLong();
+    // The event of this thread's last synchronous attempt, until the client's updateFaultItem completes it.
+    private final ThreadLocal<Pending> pending = new ThreadLocal<>();
+    private final Map<DefaultMQProducerImpl, Boolean> tapped = Collections.synchronizedMap(new WeakHashMap<>());
+
+    private static final class Pending {
+        final String broker;
+        final Map<String, Object> event;
+
+        Pending(String broker, Map<String, Object> event) {
+            this.broker = broker;
+            this.event = event;
+        }
+    }
 
     public FaultwatchSendHook(String cluster, String kafkaBootstrap) {
         this(cluster, new EventSink(kafkaBootstrap, DEFAULT_TOPIC, 100_000, 60_000, null));
@@ -78,6 +100,31 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         }
     }
 
+    /**
+     * Registers this hook on {@code producer} and taps its fault strategy so the events carry the
+     * client's own latency and timestamp (before or after {@code start()}). Returns false, and logs
+     * why, when this client keeps its fault table where the tap cannot reach it: the hook is still
+     * registered and times attempts itself.
+     */
+    public boolean install(DefaultMQProducer producer) {
+        DefaultMQProducerImpl impl = producer.getDefaultMQProducerImpl();
+        impl.registerSendMessageHook(this);
+        try {
+            ClientLatencyTap.install(impl, this);
+        } catch (ReflectiveOperationException | RuntimeException e) {
+            LOG.warning("faultwatch send hook: cannot tap the fault strategy of producer " + producer.getProducerGroup()
+                    + " (" + e + "); its events carry the hook's own timing");
+            return false;
+        }
+        tapped.put(impl, Boolean.TRUE);
+        return true;
+    }
+
+    /** True when {@code producer}'s events carry the client's own latency (see {@link #install}). */
+    public boolean tapped(DefaultMQProducer producer) {
+        return tapped.containsKey(producer.getDefaultMQProducerImpl());
+    }
+
     public EventSink sink() {
         return sink;
     }
@@ -89,6 +136,11 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
 
     @Override
     public void sendMessageBefore(SendMessageContext ctx) {
+        Pending left = pending.get();
+        if (left != null) { // the client never fed the last attempt back (it left by an unchecked exception)
+            pending.remove();
+            offer(left);
+        }
         Map<String, String> props = ctx.getProps();
         if (props == null) {
             props = new HashMap<>();
@@ -108,9 +160,61 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
             }
             long latencyMs = Math.max(0, (end - Long.parseLong(start)) / 1_000_000L);
             Map<String, Object> event = event(ctx, latencyMs, attempt(ctx.getMessage()));
-            sink.offer(ctx.getMq().getBrokerName().getBytes(StandardCharsets.UTF_8), JSON.writeValueAsBytes(event));
+            Pending p = new Pending(ctx.getMq().getBrokerName(), event);
+            if (awaitsClient(ctx, event)) {
+                pending.set(p);
+            } else {
+                offer(p);
+            }
         } catch (Exception | LinkageError e) {
             // Never fail the application's send because of faultwatch.
+        }
+    }
+
+    /** A synchronous attempt of a tapped producer whose client will call its fault table next. */
+    private boolean awaitsClient(SendMessageContext ctx, Map<String, Object> event) {
+        return ctx.getCommunicationMode() == CommunicationMode.SYNC
+                && Boolean.TRUE.equals(event.get("send_latency_fault_enable"))
+                && tapped.containsKey(ctx.getProducer());
+    }
+
+    /**
+     * The client's {@code updateFaultItem(broker, latency, duration[, reachable])}, seen by the tap just
+     * after the client's table took it. Completes this thread's pending event for that broker with the
+     * client's latency and with the client's clock reading: the item's new avoid-until minus the
+     * duration, when the item shows the client wrote it during this call; else the tap's reading just
+     * before the call (5.x leaves an item alone unless the window grows, and no earlier time can make
+     * faultwatch grow a window the client did not).
+     */
+    void clientUpdated(String broker, long latencyMs, long durationMs, Boolean reachable, long beforeMs,
+                       ClientLatencyTap tap) {
+        Pending p = pending.get();
+        if (p == null) {
+            return; // not a send of this thread's (the feed's writes), or an attempt no hook saw
+        }
+        pending.remove();
+        try {
+            if (p.broker.equals(broker)) {
+                long start = tap.startTimestamp(broker);
+                long afterMs = System.currentTimeMillis();
+                boolean written = start >= beforeMs + durationMs && start <= afterMs + durationMs;
+                p.event.put("ts_ms", written ? start - durationMs : beforeMs);
+                p.event.put("latency_ms", latencyMs);
+                if (reachable != null) {
+                    p.event.put("reachable", reachable);
+                }
+            }
+            offer(p);
+        } catch (Exception | LinkageError e) {
+            // Never fail the application's send because of faultwatch.
+        }
+    }
+
+    private void offer(Pending p) {
+        try {
+            sink.offer(p.broker.getBytes(StandardCharsets.UTF_8), JSON.writeValueAsBytes(p.event));
+        } catch (Exception | LinkageError e) {
+            // an event that cannot be encoded is lost, never the application's send
         }
     }
 
