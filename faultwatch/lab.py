@@ -5,8 +5,10 @@ producers on both client lines (``sendLatencyFaultEnable`` on and off, some with
 reading ``rmq.avoidance``) send at a steady rate through faultwatch's hook, a consumer group consumes,
 the admin poller polls, ``faultwatch stream`` runs live and ``faultwatch publish --every`` publishes.
 Phases: warm, broker-b SIGKILLed then restarted (the lab waits for its episode to close), broker-c
-SIGSTOPped for some seconds then resumed. Each phase ends with every producer's own fault table read
-from the running client; :mod:`faultwatch.lab_measure` turns the tables into the printed facts.
+SIGSTOPped for some seconds then resumed; then it waits (bounded) for the feed to release broker-b in
+the 4.9 producer that runs it. Each phase ends with every producer's own fault table read from the
+running client, and from broker-b's restart on the fault-tolerant producers' tables are read about
+once a second; :mod:`faultwatch.lab_measure` turns the tables into the printed facts.
 Everything lives under ``--root`` (replaced on each run); every process the lab starts is stopped.
 """
 
@@ -29,6 +31,7 @@ from typing import Any, TextIO
 
 from pipeline.children import DIE_WITH_PARENT, stop_child
 from pipeline.java_clients import LabDriver, start_poller
+from pipeline.jvm import JvmError
 
 TOPIC = "lab-orders"
 GROUP = "lab-consumers"
@@ -90,6 +93,9 @@ class LabRun:
     snapshots: list[Snapshot] = field(default_factory=list)
     marks: dict[str, int] = field(default_factory=dict)
     feed_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (producer, client clock ms, the killed broker's avoid-until in its table; 0: no item)
+    release_samples: list[tuple[str, int, int]] = field(default_factory=list)
+    load_average: list[float] = field(default_factory=list)
 
     def mark(self, what: str) -> int:
         self.marks[what] = now_ms()
@@ -105,6 +111,8 @@ def lab_config(root: Path, bootstrap: str, phase_s: float) -> Path:
 
     ``quorum_share`` 0.6: half the fleet runs 4.9.x, whose clients keep a refused broker for 10
     minutes; with the default 0.5 those windows alone would hold the episode open that long.
+    The policy's holds shrink with the publisher's 5 s cycle (defaults: 30 s and 100 s for a 60 s
+    cycle), so the feed's release of a recovered broker happens within the lab's run.
     """
     text = f"""
 [kafka]
@@ -121,6 +129,9 @@ quorum_share = 0.6
 episode_close_after_s = {max(5.0, min(10.0, phase_s / 2))}
 [publish]
 interval_s = 5.0
+[policy]
+base_avoid_s = 15.0
+hysteresis_s = 30.0
 """
     path = root / "faultwatch.toml"
     path.write_text(text.lstrip())
@@ -202,6 +213,56 @@ def episode_of(storage_root: str, broker: str, since_ms: int) -> dict[str, Any] 
     return mine[0] if mine else None
 
 
+class ReleaseSampler:
+    """Reads the fault-tolerant producers' own tables about once a second from the killed broker's
+    restart on: how long each kept avoiding it after it was back, and (producers without the feed)
+    more live-oracle points, phase "sampled", through the freeze and the recovery."""
+
+    def __init__(self, run: LabRun, every_s: float = 1.0) -> None:
+        self.run, self.every_s = run, every_s
+        self.producers = [p for p in run.producers if p.fault_enable]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="release-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(60)
+
+    def _loop(self) -> None:
+        while True:
+            for p in self.producers:
+                try:
+                    f = p.command("faults")
+                except JvmError:
+                    continue  # a driver that died: its producer's summary line says so
+                until = next((i["start_timestamp"] for i in f["items"] if i["broker_name"] == KILLED), 0)
+                self.run.release_samples.append((p.name, f["now_ms"], until))
+                if not p.feed:
+                    self.run.snapshots.append(Snapshot("sampled", p.name, p.version, p.fault_enable, p.feed, f))
+            if self._stop.wait(self.every_s):
+                return
+
+    def avoiding(self, name: str) -> bool | None:
+        """Whether ``name``'s newest sample shows the killed broker unavailable (None: no sample yet)."""
+        mine = [(t, u) for n, t, u in self.run.release_samples if n == name]
+        return None if not mine else mine[-1][1] > mine[-1][0]
+
+
+def wait_release(sampler: ReleaseSampler, timeout_s: float, say: Callable[[str], None]) -> None:
+    """Keep the lab going until every 4.9 producer with the feed shows the killed broker available
+    again; a release that does not come within ``timeout_s`` is said and shows in the facts."""
+    feed49 = [p.name for p in sampler.producers if p.feed and p.version.startswith("4.")]
+    try:
+        wait_until(lambda: all(sampler.avoiding(n) is False for n in feed49), timeout_s,
+                   f"the feed's release of {KILLED} in {', '.join(feed49)}")
+    except TimeoutError as exc:
+        say(f"lab: {exc}")
+
+
 @contextlib.contextmanager
 def steady_sends(run: LabRun) -> Iterator[None]:
     threads = [threading.Thread(target=p.run, name=p.name, daemon=True) for p in run.producers]
@@ -216,7 +277,8 @@ def steady_sends(run: LabRun) -> Iterator[None]:
             t.join(60)
 
 
-def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: Callable[[str], None]) -> None:
+def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: Callable[[str], None],
+               sampler: ReleaseSampler) -> None:
     wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
     time.sleep(phase_s)  # the warm phase: steady traffic before any fault
     snapshot_all(run, "warm")
@@ -229,6 +291,7 @@ def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: 
     run.mark("restart")
     cluster.start_brokers([KILLED])
     run.mark("restarted")
+    sampler.start()
     wait_until(lambda: (e := episode_of(run.storage_root, KILLED, run.marks["kill"])) is not None
                and e["closed_ms"] is not None, 600, f"the episode on {KILLED} to close")
     run.mark("episode_closed")
@@ -258,6 +321,23 @@ def drain(run: LabRun) -> None:
         if p.feed:
             run.feed_stats[p.name] = p.command("feedstats")
     wait_until(lambda: events_in_bronze(run.storage_root) >= delivered, 300, f"all {delivered} events in bronze")
+    wait_batch_committed(run)
+
+
+def wait_batch_committed(run: LabRun) -> None:
+    """Wait until the stream's batch that wrote bronze last has committed every table it touches: its
+    tables commit side by side, and its report is written once all of them have."""
+    from deltalake import DeltaTable
+
+    from pipeline.config import load_config
+    from streaming.combined_query import NAME
+    from streaming.delta_sink import app_id, checkpoint_dir, read_report, report_dir
+
+    cfg = load_config(run.root / "faultwatch.toml")
+    batch = DeltaTable(str(Path(run.storage_root) / "send_results")).transaction_version(app_id(cfg, NAME))
+    reports = report_dir(checkpoint_dir(cfg, NAME))
+    wait_until(lambda: batch is None or read_report(reports, batch) is not None, 120,
+               f"the stream's batch {batch} to commit all its tables")
 
 
 def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextIO = sys.stdout) -> int:
@@ -273,13 +353,14 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
         say(f"lab: replacing the previous lab's data in {root}/")
         shutil.rmtree(root)
     root.mkdir(parents=True)
+    run_load = [round(os.getloadavg()[0], 1)]
     topics = Config().topics
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the probes while Kafka starts are expected
     say("lab: starting Apache Kafka and a RocketMQ name server with three brokers")
     kafka = start_apache_kafka(topics=topics.all(), partitions=2, home=root / "kafka")
     children: list[subprocess.Popen[bytes]] = []
     cluster = None
-    run = LabRun(root, str(root / "tables"), kafka.bootstrap, topics.avoidance)
+    run = LabRun(root, str(root / "tables"), kafka.bootstrap, topics.avoidance, load_average=run_load)
     try:
         cluster = start_cluster(3, home=root / "rocketmq")
         cluster.create_topic(TOPIC, 4)
@@ -292,15 +373,22 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
         poller_home.mkdir()
         children.append(start_poller(cluster.namesrv_addr, CLUSTER, [GROUP], poller_home, "--kafka", kafka.bootstrap,
                                      "--interval-ms", "2000", "--timeout-ms", "1500"))
+        sampler = ReleaseSampler(run)
         with steady_sends(run):
             wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
             children.append(faultwatch("publish", "--config", str(conf), "--every", log=root / "publish.log"))
-            run_phases(run, cluster, phase_s, freeze_s, say)
+            try:
+                run_phases(run, cluster, phase_s, freeze_s, say, sampler)
+                wait_release(sampler, 240, say)
+            finally:
+                sampler.stop()
         drain(run)
         for p in run.producers:
             if p.errors:
                 say(f"lab: producer {p.name} stopped sending: {p.errors[-1]}")
         (root / "snapshots.json").write_text(json.dumps([vars(s) for s in run.snapshots], indent=1))
+        (root / "release_samples.json").write_text(json.dumps(run.release_samples))
+        run.load_average.append(round(os.getloadavg()[0], 1))
         facts = report(run)
         for line in facts["lines"]:
             say(line)

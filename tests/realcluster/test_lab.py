@@ -1,0 +1,50 @@
+"""``faultwatch lab`` end to end, shortened: its own Kafka and RocketMQ cluster (not the session's), six
+real producers, the poller, the live stream and the publisher; broker-b killed and restarted,
+broker-c frozen and resumed. The printed facts are the verdict:
+
+- the live oracle, exact: in every phase, and at every reading taken about once a second from
+  broker-b's restart on, each real producer's own fault table (its ``LatencyFaultToleranceImpl``
+  items) and faultwatch's ``producer_fault_windows_live`` for that producer hold the same brokers
+  with the same avoid-until, on both client lines (the hook's tap gives the events the client's own
+  latency and clock);
+- the episode on broker-b opened and closed;
+- the producers with the feed failed fewer first attempts on the dead broker than those without;
+- release: after broker-b was back, the 4.9.8 producer with the feed avoided it for fewer
+  broker-minutes than the 4.9.8 producer without it, whose refused connection started 10 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.processes import BIN, REPO
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_release(tmp_path: Path) -> None:
+    done = subprocess.run([str(BIN / "faultwatch"), "lab", "--root", str(tmp_path / "lab"), "--phase", "15"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1500, check=False)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    print(done.stdout)
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("lab facts: ")]
+    facts = json.loads(line.removeprefix("lab facts: "))
+    oracle = facts["oracle"]
+    assert set(oracle) == {"warm", "killed", "recovered", "frozen", "sampled"}, oracle
+    assert all(matched == total for matched, total in oracle.values()), (oracle, done.stdout[-5000:])
+    assert oracle["killed"][1] >= 1, oracle  # the kill opened a window in the 4.9.8 producer's table
+    by_version = facts["oracle_by_version"]
+    assert by_version["4.9.8"][1] >= 2 and by_version["5.3.3"][1] >= 1, by_version  # both lines were compared
+    episode = facts["episode"]
+    assert episode is not None and episode["opened_after_kill_s"] >= 0, episode
+    assert episode["closed_after_kill_s"] is not None, episode
+    failures = facts["first_attempt_failures"]
+    assert failures["with_feed"] < failures["without_feed"], failures
+    release = facts["release"]["broker_minutes"]["4.9.8"]
+    # without the feed the refused connection's 10-minute window outlives the restart by most of it
+    assert release["without_feed"] >= 5.0, facts["release"]
+    assert release["with_feed"] < release["without_feed"], facts["release"]
