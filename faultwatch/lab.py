@@ -163,6 +163,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_fleet(run: LabRun, namesrv: str) -> None:
+    # One after another, from this thread: a driver JVM dies with the thread that started it.
     for i, (version, enable, feed) in enumerate(FLEET):
         # RocketMQ group names allow letters, digits, '-', '_', '%' and '|'
         name = f"p{i}-v{version.replace('.', '')}-{'on' if enable else 'off'}{'-feed' if feed else ''}"
@@ -362,10 +363,11 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
     cluster = None
     run = LabRun(root, str(root / "tables"), kafka.bootstrap, topics.avoidance, load_average=run_load)
     try:
+        conf = lab_config(root, kafka.bootstrap, phase_s)
+        # the stream needs only Kafka: its Spark start runs beside the cluster's
+        children.append(faultwatch("stream", "--config", str(conf), log=root / "stream.log"))
         cluster = start_cluster(3, home=root / "rocketmq")
         cluster.create_topic(TOPIC, 4)
-        conf = lab_config(root, kafka.bootstrap, phase_s)
-        children.append(faultwatch("stream", "--config", str(conf), log=root / "stream.log"))
         say(f"lab: faultwatch stream runs (log {root / 'stream.log'}); starting {len(FLEET)} producers")
         start_fleet(run, cluster.namesrv_addr)
         run.producers[0].command(f"consume {GROUP}")
