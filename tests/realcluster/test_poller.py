@@ -34,10 +34,8 @@ def mqadmin_progress(rocketmq: RocketMQCluster, group: str) -> dict[Row, tuple[i
     return out
 
 
-def poll_once(rocketmq: RocketMQCluster, group: str, home: Path,
-              *extra: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One poller cycle: its events (printed on stdout; ``extra`` may send them to Kafka too) and status line."""
-    done = run_poller(rocketmq.namesrv_addr, "DefaultCluster", [group], home, "--stdout", *extra)
+def poll_once(rocketmq: RocketMQCluster, group: str, home: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    done = run_poller(rocketmq.namesrv_addr, "DefaultCluster", [group], home, "--stdout")
     assert done.returncode == 0, done.stderr[-3000:]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     status = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"poll_ms"')]
