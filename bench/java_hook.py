@@ -8,7 +8,8 @@ rounds of N synchronous sends in pairs whose order alternates (hook first, then 
 drift and whatever one producer leaves running is charged to each side alike; the hook's queue is
 drained after each of its rounds, outside the timing. Prints each pair, the medians, the ratio of
 throughputs and the p99 difference with their spread over the pairs (the noise to weigh them
-against), the hook's drops and the load average. Goals: >= 0.95 of the throughput, <= 100 us more
+against), the producer JVM's CPU time per send (all its threads, the hook's Kafka sending included:
+a figure other processes' load barely moves), the hook's drops and the load average. Goals: >= 0.95 of the throughput, <= 100 us more
 at p99, no drops while Kafka is up. Nothing here asserts timings.
 """
 
@@ -50,18 +51,31 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_round(driver: LabDriver, sends: int, drain: bool) -> dict[str, Any]:
+    """One round; with the producer JVM's CPU per send, the hook's draining into Kafka included."""
+    before = cpu_s(driver.proc.pid)
+    out = driver.command(f"send {sends}", timeout_s=600)
+    if drain:
+        driver.command("flush", timeout_s=60)
+    out["cpu_us"] = (cpu_s(driver.proc.pid) - before) * 1e6 / sends
+    return out
+
+
 def run_pairs(drivers: dict[str, LabDriver], sends: int, rounds: int) -> list[dict[str, dict[str, Any]]]:
     """``rounds`` pairs of rounds, the order alternating; the hook's queue drained after its rounds."""
     pairs = []
     for r in range(rounds):
         order = ("hook", "none") if r % 2 == 0 else ("none", "hook")
-        pair = {}
-        for name in order:
-            pair[name] = drivers[name].command(f"send {sends}", timeout_s=600)
-            if name == "hook":
-                drivers[name].command("flush", timeout_s=60)
+        pair = {name: timed_round(drivers[name], sends, drain=name == "hook") for name in order}
         print(f"pair {r} ({order[0]} first): " + "; ".join(
             f"{n} {pair[n]['per_s']:.0f}/s p50 {pair[n]['p50_us']} p99 {pair[n]['p99_us']} us"
+            f" cpu {pair[n]['cpu_us']:.0f} us/send"
             f"{'' if pair[n]['failed'] == 0 else ' FAILED ' + str(pair[n]['failed'])}" for n in ("hook", "none")
         ) + f"; ratio {pair['hook']['per_s'] / pair['none']['per_s']:.3f}", flush=True)
         pairs.append(pair)
@@ -69,10 +83,11 @@ def run_pairs(drivers: dict[str, LabDriver], sends: int, rounds: int) -> list[di
 
 
 def summary(pairs: list[dict[str, dict[str, Any]]]) -> None:
-    med = {k: {m: statistics.median(p[k][m] for p in pairs) for m in ("per_s", "p50_us", "p99_us")}
+    med = {k: {m: statistics.median(p[k][m] for p in pairs) for m in ("per_s", "p50_us", "p99_us", "cpu_us")}
            for k in ("hook", "none")}
     for k, m in med.items():
-        print(f"  {k}: {m['per_s']:.0f} sends/s, p50 {m['p50_us']:.0f} us, p99 {m['p99_us']:.0f} us (medians)")
+        print(f"  {k}: {m['per_s']:.0f} sends/s, p50 {m['p50_us']:.0f} us, p99 {m['p99_us']:.0f} us, "
+              f"producer JVM CPU {m['cpu_us']:.0f} us/send (medians)")
     ratios = sorted(p["hook"]["per_s"] / p["none"]["per_s"] for p in pairs)
     p99 = sorted(p["hook"]["p99_us"] - p["none"]["p99_us"] for p in pairs)
     swing = {k: (min(p[k]["per_s"] for p in pairs), max(p[k]["per_s"] for p in pairs)) for k in med}
@@ -80,13 +95,16 @@ def summary(pairs: list[dict[str, dict[str, Any]]]) -> None:
           f"{statistics.median(ratios):.3f} median of the pairs (range {ratios[0]:.3f}-{ratios[-1]:.3f}; goal >= 0.95)")
     print(f"p99 difference: {med['hook']['p99_us'] - med['none']['p99_us']:+.0f} us of the medians, "
           f"{statistics.median(p99):+.0f} us median of the pairs (range {p99[0]:+d} to {p99[-1]:+d}; goal <= +100 us)")
+    cpu = sorted(p["hook"]["cpu_us"] - p["none"]["cpu_us"] for p in pairs)
+    print(f"producer CPU per send, hook - none: {statistics.median(cpu):+.0f} us median of the pairs "
+          f"(range {cpu[0]:+.0f} to {cpu[-1]:+.0f}; CPU time is little moved by other processes' load)")
     print("round-to-round swing (sends/s): " + ", ".join(f"{k} {lo:.0f}-{hi:.0f}" for k, (lo, hi) in swing.items()))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sends", type=int, default=5000, help="synchronous sends per round")
-    ap.add_argument("--rounds", type=int, default=10, help="measured pairs of rounds")
+    ap.add_argument("--rounds", type=int, default=16, help="measured pairs of rounds")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up rounds per producer (not measured)")
     ap.add_argument("--client", default="4.9.8")
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu", help="the broker the hook writes to")
