@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
                                      [--compression zstd|gzip|none] [--brokers apache,tansu]
+    .venv/bin/python bench/stream.py --fleet 1,10,100 [--rounds 2] [--events ...] [--max-events-per-batch N]
 
 For each of ``--brokers`` (Apache Kafka, as production runs, then Tansu, the demo's broker) it
 preloads a simulator backlog (``--clusters`` instances of ``bench/stream_backlog.toml``; batches
@@ -15,6 +16,12 @@ two one-core standalone workers in ``--pairs`` pairs, swapping the order in ever
 drift in machine speed favours neither side, and prints each pair's ratio and the median. Nothing
 asserts timings; the load average is printed with the figures (docs/performance.md, section 24,
 says why pairs and why ~2M events).
+
+``--fleet 1,10,100`` runs the default job instead over fleets of 1, 10 and 100 times the producer x
+broker pairs at the same events and event rate (bench/fleet.py), each backlog in its own topics of
+one broker, in alternated order (1,10,100,100,10,1 for ``--rounds 2``), and prints per size events/s
+processing, the state the job reports after its last micro-batch per pair seen, the state store's
+files and the peak RSS, with each run's ratio to the smallest fleet's run of the same round.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import log_tail, run_measured, run_parallel
+from bench.fleet import alternated, pairs, parse_factors, producer_count, scale_fleet
 from bench.ingest import consume_ceiling
 from pipeline.config import Config
 from pipeline.kafka_local import free_port, start_local_kafka
@@ -53,16 +61,18 @@ BIN = Path(sys.executable).parent
 BATCH_LINE = re.compile(r"^\[([^\]]+)\] batch (\d+): in=(\d+) .*\((\d+(?:\.\d+)?)s\)")
 TOTAL_LINE = re.compile(r"^\[([^\]]+)\] total: (\d+) batches, (\d+) rows in")
 TASKS = re.compile(r"\btasks=(\d+)")
+STATE = re.compile(r"\bstate=(\d+) rows/(\d+(?:\.\d+)?)MiB")
 
 
 # --- the backlog --------------------------------------------------------------------------------
 
 
-def instance_scenario(index: int, duration_s: float):
-    """The bench scenario for cluster ``bench-<index>``, ``duration_s`` long, its faults stretched with it."""
+def instance_scenario(index: int, duration_s: float, fleet: int = 1):
+    """The bench scenario for cluster ``bench-<index>``, ``duration_s`` long, its faults stretched with
+    it, with ``fleet`` times its producer x broker pairs at the same event rate (bench/fleet.py)."""
     from pipeline.simulate import load_scenario
 
-    base = load_scenario(str(SCENARIO))
+    base = scale_fleet(load_scenario(str(SCENARIO)), fleet)
     scale = duration_s / base.duration_s
     return base.replace(
         duration_s=duration_s,
@@ -74,15 +84,30 @@ def instance_scenario(index: int, duration_s: float):
     )
 
 
-def events_per_simulated_second() -> float:
+def events_per_simulated_second(fleet: int = 1) -> float:
     """How many events one instance emits per simulated second (a short run into memory)."""
     from pipeline.simulate import MemorySink, Simulation
 
-    stats = Simulation(instance_scenario(0, 10.0)).run(MemorySink())
+    stats = Simulation(instance_scenario(0, 10.0, fleet)).run(MemorySink())
     return stats.total / 10.0
 
 
-def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str, compression: str) -> None:
+def fleet_topics(fleet: int) -> dict[str, str]:
+    """The event topics of a fleet's backlog: the default ones at 1, their own for a larger fleet."""
+    topics = Config().topics
+    if fleet == 1:
+        return {}
+    return {f.name: f"fleet{fleet}.{getattr(topics, f.name)}" for f in dataclasses.fields(topics)
+            if f.name in ("send_results", "consumer_progress", "group_membership")}
+
+
+def fleet_config(bootstrap: str, fleet: int) -> Config:
+    return Config().replace(kafka__bootstrap_servers=bootstrap,
+                            **{f"topics__{k}": v for k, v in fleet_topics(fleet).items()})
+
+
+def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str, compression: str,
+                       fleet: int = 1) -> None:
     """One cluster's simulation into Kafka (a spawned process); its event counts go to ``out``."""
     from pipeline.simulate import KafkaSink, Simulation
 
@@ -94,20 +119,24 @@ def _simulate_instance(bootstrap: str, index: int, duration_s: float, out: str, 
                 rows = [[f"bench-{index}/{r[0]}", *r[1:]] for r in rows]
             super().write(kind, rows)
 
-    cfg = Config().replace(kafka__bootstrap_servers=bootstrap)
-    stats = Simulation(instance_scenario(index, duration_s), seed=1 + index).run(ClusterSink(cfg, compression=compression), close=True)
+    cfg = fleet_config(bootstrap, fleet)
+    stats = Simulation(instance_scenario(index, duration_s, fleet), seed=1 + index).run(
+        ClusterSink(cfg, compression=compression), close=True)
     Path(out).write_text(json.dumps(stats.events))
     print(f"    cluster bench-{index}: {stats.total:,} events in {stats.wall_s:.1f}s", flush=True)
 
 
-def preload(bootstrap: str, events: int, clusters: int, work: Path, compression: str = "zstd") -> dict[str, int]:
-    """Simulate ``clusters`` clusters in parallel into Kafka; events per kind in all."""
-    duration = max(5.0, events / clusters / events_per_simulated_second())
-    print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name}), "
-          f"batches {compression}", flush=True)
+def preload(bootstrap: str, events: int, clusters: int, work: Path, compression: str = "zstd",
+            fleet: int = 1, duration_s: float | None = None) -> dict[str, int]:
+    """Simulate ``clusters`` clusters in parallel into Kafka (``fleet_topics(fleet)``), for
+    ``duration_s`` or as long as ``events`` take; events per kind in all."""
+    duration = duration_s or max(5.0, events / clusters / events_per_simulated_second(fleet))
+    print(f"preload: {clusters} clusters x {duration:.0f}s of simulated time ({SCENARIO.name}"
+          f"{f', fleet x{fleet}' if fleet != 1 else ''}), batches {compression}", flush=True)
     work.mkdir(parents=True, exist_ok=True)  # before sending: a retry after a late failure doubles the backlog
-    outs = [work / f"preload-{i}.json" for i in range(clusters)]
-    secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i]), compression) for i in range(clusters)])
+    outs = [work / f"preload-{fleet}-{i}.json" for i in range(clusters)]
+    secs = run_parallel(_simulate_instance, [(bootstrap, i, duration, str(outs[i]), compression, fleet)
+                                             for i in range(clusters)])
     counts: dict[str, int] = {}
     for out in outs:
         for kind, n in json.loads(out.read_text()).items():
@@ -135,6 +164,8 @@ class QueryFigures:
     later_s: float = 0.0
     tasks: str | None = None
     total_events: int | None = None  # as its "total:" line says
+    state_rows: int | None = None  # the state store after its last batch, as the batch line says
+    state_bytes: int | None = None
 
 
 @dataclass
@@ -188,9 +219,9 @@ class MachineCpu:
 
 
 def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None,
-                 max_events_per_batch: int = 0) -> Path:
-    """The shipped defaults but for the broker, the storage and (optionally) the Spark master and
-    the micro-batch size (0: the shipped default)."""
+                 max_events_per_batch: int = 0, topics: dict[str, str] | None = None) -> Path:
+    """The shipped defaults but for the broker, the storage and (optionally) the Spark master, the
+    micro-batch size (0: the shipped default) and the event topics."""
     text = (
         f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
         f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\npublish_dir = "{data}/avoidance"\n'
@@ -199,6 +230,8 @@ def write_config(path: Path, bootstrap: str, data: Path, master: str | None = No
         text += f'[spark]\nmaster = "{master}"\n'
     if max_events_per_batch:
         text += f"[stream]\nmax_events_per_batch = {max_events_per_batch}\n"
+    if topics:
+        text += "[topics]\n" + "".join(f'{k} = "{v}"\n' for k, v in topics.items())
     path.write_text(text)
     return path
 
@@ -223,6 +256,9 @@ def run_job(args: Sequence[str], log: Path, env: dict[str, str] | None = None) -
             tasks = TASKS.search(line)
             if tasks:
                 q.tasks = tasks[1]
+            state = STATE.search(line)
+            if state:
+                q.state_rows, q.state_bytes = int(state[1]), round(float(state[2]) * 2**20)
             if not first:
                 first.append(now - secs)  # the line comes when the batch is over
             ended.append(now)
@@ -551,6 +587,114 @@ def report(r: RunFigures, events: int, ceiling_rate: float, data: Path) -> None:
     print(f"stateful stage tasks: {tasks or 'n/a'}", flush=True)
 
 
+# --- a larger fleet -----------------------------------------------------------------------------
+
+
+@dataclass
+class FleetRun:
+    """One ``--fleet`` run's figures."""
+
+    fleet: int
+    events: int
+    processing: float  # events/s from the start of the first micro-batch to the end of the last
+    batches: int
+    state_rows: int | None  # the state store after the last batch, as the job reports it
+    state_bytes: int | None
+    disk_bytes: int  # the state store's folder under the checkpoint (every version it keeps)
+    peak_rss: int
+    pairs_seen: int  # distinct (cluster, producer, broker) in bronze send_results
+    sends: int
+    late: int
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def pairs_seen(tables: Path) -> tuple[int, int]:
+    """(distinct producer x broker pairs, send results) in the bronze ``send_results`` table."""
+    from pipeline.deltaio import read_table
+
+    keys = ["cluster", "client_id", "broker_name"]
+    sends = read_table(str(tables), "send_results", columns=keys)
+    return sends.group_by(keys).aggregate([]).num_rows, sends.num_rows
+
+
+def fleet_run(bootstrap: str, work: Path, fleet: int, events: int, max_events_per_batch: int) -> FleetRun:
+    """``faultwatch stream --once`` (default concerns) over the backlog of fleet ``fleet``."""
+    data = fresh(work, f"fleet{fleet}")
+    conf = write_config(work / f"fleet{fleet}.toml", bootstrap, data, max_events_per_batch=max_events_per_batch,
+                        topics=fleet_topics(fleet))
+    log = work / f"fleet{fleet}.log"
+    r = run_job(stream_args(conf), log)
+    if not check(r, log, f"fleet x{fleet}"):
+        raise SystemExit(1)
+    stateful = [q for q in r.queries.values() if q.state_bytes is not None]
+    seen, sends = pairs_seen(data / "tables")
+    return FleetRun(
+        fleet, events, rates(r, events)[1], sum(q.batches for q in r.queries.values()),
+        sum(q.state_rows or 0 for q in stateful) if stateful else None,
+        sum(q.state_bytes or 0 for q in stateful) if stateful else None,
+        sum(dir_bytes(d / "state") for d in (data / "checkpoints").iterdir() if (d / "state").is_dir()),
+        r.peak_rss, seen, sends, late_rows(data / "tables"),
+    )
+
+
+def fleet_sizes(fleet: int, clusters: int) -> tuple[int, int, int]:
+    """(brokers, producers, producer x broker pairs) of ``clusters`` clusters at fleet ``fleet``."""
+    s = instance_scenario(0, 10.0, fleet)
+    return clusters * len(s.brokers), clusters * producer_count(s), clusters * pairs(s)
+
+
+def run_fleet(broker: str, factors: list[int], rounds: int, events: int, clusters: int, partitions: int,
+              compression: str, max_events_per_batch: int, work: Path) -> None:
+    """Every fleet's backlog into one broker (its own topics), the same simulated time each, then
+    the job over each in alternated order; a table and each size's ratios against the smallest."""
+    topics = [t for f in factors for t in fleet_topics(f).values()]
+    with start_broker(broker, [*Config().topics.all(), *topics], partitions) as kafka:
+        duration = max(5.0, events / clusters / events_per_simulated_second())
+        counts = {f: sum(preload(kafka.bootstrap, events, clusters, work, compression, f, duration).values())
+                  for f in factors}
+        runs: dict[int, list[FleetRun]] = {f: [] for f in factors}
+        for n, fleet in enumerate(alternated(factors, rounds)):
+            b, p, pr = fleet_sizes(fleet, clusters)
+            print(f"run {n + 1}: fleet x{fleet} ({b} brokers, {p} producers, {pr:,} pairs), "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            run = fleet_run(kafka.bootstrap, work, fleet, counts[fleet], max_events_per_batch)
+            runs[fleet].append(run)
+            print(f"fleet x{fleet}: {fleet_line(run)}", flush=True)
+    print_fleet(runs, clusters)
+
+
+def fleet_line(r: FleetRun) -> str:
+    state = "n/a" if r.state_bytes is None else f"{r.state_bytes / 2**20:.2f} MiB in {r.state_rows} rows"
+    return (f"{r.events:,} events, {r.processing:,.0f} events/s processing in {r.batches} micro-batches; "
+            f"state {state} (on disk {r.disk_bytes / 2**20:.1f} MiB); {r.pairs_seen:,} pairs seen, "
+            f"{r.sends / max(r.pairs_seen, 1):,.1f} sends per pair; peak RSS {r.peak_rss / 2**30:.2f} GiB; "
+            f"late {r.late}")
+
+
+def print_fleet(runs: dict[int, list[FleetRun]], clusters: int) -> None:
+    """The table (medians over the runs of each size) and the ratios against the smallest fleet,
+    run by run in the order they alternated."""
+    base = min(runs)
+    print("| fleet | brokers | producers | pairs (seen) | sends per pair | events/s processing "
+          "| vs smallest | state | bytes per pair | state on disk | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for fleet, rs in runs.items():
+        b, p, pr = fleet_sizes(fleet, clusters)
+        ratios = [r.processing / o.processing for r, o in zip(rs, runs[base])]
+        state = [r.state_bytes for r in rs if r.state_bytes is not None]
+        st = statistics.median(state) if state else float("nan")
+        seen = max(r.pairs_seen for r in rs)
+        print(f"| x{fleet} | {b:,} | {p:,} | {pr:,} ({seen:,}) | {rs[0].sends / max(seen, 1):,.1f} "
+              f"| {statistics.median(r.processing for r in rs):,.0f} ({', '.join(f'{r.processing:,.0f}' for r in rs)}) "
+              f"| {statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}) "
+              f"| {st / 2**20:.2f} MiB | {st / max(seen, 1):,.1f} "
+              f"| {statistics.median(r.disk_bytes for r in rs) / 2**20:.1f} MiB "
+              f"| {max(r.peak_rss for r in rs) / 2**30:.2f} GiB |", flush=True)
+
+
 BROKERS = {"apache": "Apache Kafka (KRaft, pipeline/kafka_apache.py)", "tansu": "Tansu (the demo's broker)"}
 
 
@@ -593,12 +737,26 @@ def main() -> None:
                     help="the main run's stream.max_events_per_batch (default: the shipped setting)")
     ap.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
                     help="codec of the backlog's record batches (default zstd, as faultwatch simulate writes)")
+    ap.add_argument("--fleet", default="",
+                    help="instead of the runs above: fleets of these factors times the producer x broker pairs "
+                         "(e.g. 1,10,100) at the same events and event rate, on the first of --brokers")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="--fleet: rounds over the sizes, every other one in reverse order (1,10,100,100,10,1)")
     args = ap.parse_args()
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
     cfg = Config()
     print(f"bench/stream: ~{events_wanted:,} events, {args.clusters} clusters, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
+    if args.fleet:
+        try:
+            factors = parse_factors(args.fleet)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        run_fleet(args.brokers.split(",")[0], factors, args.rounds, events_wanted, args.clusters, args.partitions,
+                  args.compression, args.max_events_per_batch, work)
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+        return
     for n, broker in enumerate(args.brokers.split(",")):
         with start_broker(broker, cfg.topics.all(), args.partitions) as kafka:
             print(f"== broker: {BROKERS[broker]} at {kafka.bootstrap}, load average {os.getloadavg()[0]:.1f}", flush=True)
