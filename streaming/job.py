@@ -228,7 +228,7 @@ def _state_text(progress: dict[str, Any]) -> str:
     rows = sum(int(op.get("numRowsTotal", 0)) for op in ops)
     size = sum(int((op.get("customMetrics") or {}).get("stateOnCurrentVersionSizeBytes", 0))
                or int(op.get("memoryUsedBytes", 0)) for op in ops)
-    return f" state={rows} rows/{size / 2**20:.1f}MiB"
+    return f" state={rows} rows/{size / 2**20:.2f}MiB"
 
 
 def run_stream(

@@ -37,8 +37,8 @@ def test_unknown_concern_is_named() -> None:
 def test_state_size_is_printed_for_stateful_queries_only() -> None:
     stateful = {"stateOperators": [{"numRowsTotal": 1, "memoryUsedBytes": 9,
                                     "customMetrics": {"stateOnCurrentVersionSizeBytes": 3 * 2**20}}]}
-    assert _state_text(stateful) == " state=1 rows/3.0MiB"
-    assert _state_text({"stateOperators": [{"numRowsTotal": 2, "memoryUsedBytes": 2**20}]}) == " state=2 rows/1.0MiB"
+    assert _state_text(stateful) == " state=1 rows/3.00MiB"
+    assert _state_text({"stateOperators": [{"numRowsTotal": 2, "memoryUsedBytes": 2**20}]}) == " state=2 rows/1.00MiB"
     assert _state_text({}) == ""
 
 
