@@ -647,7 +647,7 @@ def fleet_sizes(fleet: int, clusters: int) -> tuple[int, int, int]:
 
 
 def run_fleet(broker: str, factors: list[int], rounds: int, events: int, clusters: int, partitions: int,
-              compression: str, max_events_per_batch: int, work: Path) -> None:
+              compression: str, max_events_per_batch: int, work: Path, warmup: bool = True) -> None:
     """Every fleet's backlog into one broker (its own topics), the same simulated time each, then
     the job over each in alternated order; a table and each size's ratios against the smallest."""
     topics = [t for f in factors for t in fleet_topics(f).values()]
@@ -656,6 +656,10 @@ def run_fleet(broker: str, factors: list[int], rounds: int, events: int, cluster
         counts = {f: sum(preload(kafka.bootstrap, events, clusters, work, compression, f, duration).values())
                   for f in factors}
         runs: dict[int, list[FleetRun]] = {f: [] for f in factors}
+        if warmup:  # the machine's first job run pays for cold caches (jars, Python imports)
+            print(f"warm-up run (not counted): fleet x{factors[0]}", flush=True)
+            print(f"warm-up: {fleet_line(fleet_run(kafka.bootstrap, work, factors[0], counts[factors[0]], max_events_per_batch))}",
+                  flush=True)
         for n, fleet in enumerate(alternated(factors, rounds)):
             b, p, pr = fleet_sizes(fleet, clusters)
             print(f"run {n + 1}: fleet x{fleet} ({b} brokers, {p} producers, {pr:,} pairs), "
@@ -742,6 +746,8 @@ def main() -> None:
                          "(e.g. 1,10,100) at the same events and event rate, on the first of --brokers")
     ap.add_argument("--rounds", type=int, default=2,
                     help="--fleet: rounds over the sizes, every other one in reverse order (1,10,100,100,10,1)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="--fleet: no uncounted run of the first size before the measured ones")
     args = ap.parse_args()
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
@@ -754,7 +760,7 @@ def main() -> None:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         run_fleet(args.brokers.split(",")[0], factors, args.rounds, events_wanted, args.clusters, args.partitions,
-                  args.compression, args.max_events_per_batch, work)
+                  args.compression, args.max_events_per_batch, work, warmup=not args.no_warmup)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
         return
     for n, broker in enumerate(args.brokers.split(",")):
