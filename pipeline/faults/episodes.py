@@ -89,13 +89,21 @@ def signal(b: int, points: dict[int, Point], cfg: FaultsConfig) -> str | None:
     me = points[b]
     if quorum_holds(me.avoiding, me.active, cfg):
         return QUORUM
-    peers = [p for k, p in points.items() if k != b and p.sends >= cfg.outlier_min_sends]
+    # An outlier rule holds only for a broker whose own figure passes its threshold: the peers are
+    # gathered for those alone, so a grid point costs a pass over its brokers, not one per broker.
     rate = me.failures / me.sends if me.sends else 0.0
-    if failure_outlier(rate, me.sends, [p.failures / p.sends for p in peers], cfg, me.failing):
+    if rate >= cfg.outlier_failure_rate and failure_outlier(
+            rate, me.sends, [p.failures / p.sends for p in _peers(b, points, cfg)], cfg, me.failing):
         return FAILURE_OUTLIER
-    if latency_outlier(me.p99, me.sends, [p.p99 for p in peers], cfg, me.slow):
+    if me.p99 >= cfg.outlier_min_latency_ms and latency_outlier(
+            me.p99, me.sends, [p.p99 for p in _peers(b, points, cfg)], cfg, me.slow):
         return LATENCY_OUTLIER
     return None
+
+
+def _peers(b: int, points: dict[int, Point], cfg: FaultsConfig) -> list[Point]:
+    """The brokers ``b`` is compared with: the others with enough sends to be judged."""
+    return [p for k, p in points.items() if k != b and p.sends >= cfg.outlier_min_sends]
 
 
 def stable_argsort(values: np.ndarray) -> np.ndarray:

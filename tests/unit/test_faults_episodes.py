@@ -91,6 +91,40 @@ def test_signal_names_the_first_rule_that_holds() -> None:
     assert signal(1, points, CFG) is None
 
 
+def _signal_with_every_peer(b: int, points: dict[int, Point], cfg: FaultsConfig) -> str | None:
+    """The rules in order, each given its peers whatever the broker's own figures (the reference)."""
+    me = points[b]
+    peers = [p for k, p in points.items() if k != b and p.sends >= cfg.outlier_min_sends]
+    if quorum_holds(me.avoiding, me.active, cfg):
+        return QUORUM
+    rate = me.failures / me.sends if me.sends else 0.0
+    if failure_outlier(rate, me.sends, [p.failures / p.sends for p in peers], cfg, me.failing):
+        return FAILURE_OUTLIER
+    if latency_outlier(me.p99, me.sends, [p.p99 for p in peers], cfg, me.slow):
+        return LATENCY_OUTLIER
+    return None
+
+
+def test_signal_over_many_brokers_matches_every_rule_with_every_peer() -> None:
+    """Clusters of 130 brokers, some sick in each way: the verdicts of ``signal``, which gathers the
+    peers only for a broker whose own figure passes a threshold, are the reference's, and every
+    verdict occurs."""
+    rng = np.random.default_rng(7)
+    seen = []
+    for _ in range(20):
+        points = {}
+        for b in range(130):
+            sends = int(rng.choice([0, 5, 19, 20, 200]))
+            failures = int(rng.binomial(sends, rng.choice([0.0, 0.05, 0.5, 0.9])))
+            points[b] = Point(avoiding=int(rng.integers(0, 5)), active=int(rng.integers(0, 8)), sends=sends,
+                              failures=failures, p99=float(rng.choice([2.0, 20.0, 549.0, 550.0, 3000.0])),
+                              failing=int(rng.integers(0, 5)), slow=int(rng.integers(0, 5)))
+        verdicts = {b: signal(b, points, CFG) for b in points}
+        assert verdicts == {b: _signal_with_every_peer(b, points, CFG) for b in points}
+        seen += verdicts.values()
+    assert set(seen) == {QUORUM, FAILURE_OUTLIER, LATENCY_OUTLIER, None}
+
+
 def test_grid_points_only_near_activity() -> None:
     starts = np.asarray([1_000, 1_000_000_000], dtype=np.int64)
     ends = starts + 12_000
