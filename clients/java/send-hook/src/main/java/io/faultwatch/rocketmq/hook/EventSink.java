@@ -1,9 +1,19 @@
 package io.faultwatch.rocketmq.hook;
 
-import java.util.ArrayDeque;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.Properties;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 import java.util.logging.Logger;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonGenerator;
 
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -11,25 +21,36 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
- * A bounded queue of encoded events and the one thread that hands them to a Kafka producer.
+ * A bounded queue of events and the one thread that encodes them and hands them to a Kafka producer.
  *
- * The application's send thread only ever offers to the queue: when it is full the oldest event is
- * dropped and counted, so a Kafka outage costs memory up to the bound and never blocks or fails a
- * RocketMQ send. Records the Kafka client could not deliver are counted as drops too. Drops are
- * logged at most once per interval, with the total so far.
+ * The application's send thread only ever offers to the queue, lock-free: when it is full the oldest
+ * event is dropped and counted, so a Kafka outage costs memory up to the bound and never blocks or
+ * fails a RocketMQ send. The sink thread is not woken per event: it drains the queue in batches every
+ * few milliseconds (sooner when a batch fills), writes each event's JSON there and hands it to Kafka.
+ * Records the Kafka client could not deliver are counted as drops too. Drops are logged at most once
+ * per interval, with the total so far.
  */
 public final class EventSink implements AutoCloseable {
     private static final Logger LOG = Logger.getLogger(EventSink.class.getName());
+    private static final JsonFactory JSON = new JsonFactory();
+    /** Events the sink thread takes per pass; offering the one that fills a batch wakes it. */
+    static final int BATCH = 256;
+    /** How long the sink thread waits for a batch to fill before it sends what it has. */
+    static final long WAIT_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
 
     private final String topic;
     private final int capacity;
-    private final ArrayDeque<byte[][]> queue;
+    private final ConcurrentLinkedQueue<Object> queue = new ConcurrentLinkedQueue<>();
+    private final AtomicInteger size = new AtomicInteger();
     private final KafkaProducer<byte[], byte[]> producer;
     private final Thread sender;
     private final long logIntervalMs;
     private final AtomicLong offered = new AtomicLong();
     private final AtomicLong dropped = new AtomicLong();
     private final AtomicLong delivered = new AtomicLong();
+    // Events that left the queue for good: handed to Kafka, failed there, or dropped as the oldest.
+    private final AtomicLong settled = new AtomicLong();
+    private final ByteArrayOutputStream buffer = new ByteArrayOutputStream(1024);
     private volatile boolean closing;
     private long lastLogMs;
     private long lastLoggedDrops;
@@ -40,7 +61,6 @@ public final class EventSink implements AutoCloseable {
         }
         this.topic = topic;
         this.capacity = capacity;
-        this.queue = new ArrayDeque<>(Math.min(capacity, 4096));
         this.logIntervalMs = logIntervalMs;
         this.producer = new KafkaProducer<>(producerConfig(bootstrap, extra), new ByteArraySerializer(),
                 new ByteArraySerializer());
@@ -55,7 +75,7 @@ public final class EventSink implements AutoCloseable {
         p.put(ProducerConfig.ACKS_CONFIG, "1");
         p.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "zstd");
         p.put(ProducerConfig.LINGER_MS_CONFIG, "50");
-        p.put(ProducerConfig.BATCH_SIZE_CONFIG, "65536");
+        p.put(ProducerConfig.BATCH_SIZE_CONFIG, String.valueOf(256 * 1024));
         p.put(ProducerConfig.BUFFER_MEMORY_CONFIG, String.valueOf(8L * 1024 * 1024));
         // The sender thread may wait this long for metadata or buffer space; the app never does.
         p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "1000");
@@ -69,18 +89,33 @@ public final class EventSink implements AutoCloseable {
         return p;
     }
 
-    /** Queue one event (key, value); never blocks. */
+    /** Queue one encoded event (key, value); never blocks. */
     public void offer(byte[] key, byte[] value) {
+        enqueue(new byte[][] {key, value});
+    }
+
+    /** Queue one event, encoded later on the sink's thread; never blocks. */
+    void offer(SendEvent event) {
+        enqueue(event);
+    }
+
+    private void enqueue(Object item) {
         offered.incrementAndGet();
-        synchronized (queue) {
-            if (queue.size() >= capacity) {
-                queue.pollFirst();
-                dropped.incrementAndGet();
-            }
-            queue.addLast(new byte[][] {key, value});
-            queue.notify();
+        queue.offer(item);
+        int n = size.incrementAndGet();
+        boolean dropping = false;
+        while (n > capacity && queue.poll() != null) { // the oldest goes
+            n = size.decrementAndGet();
+            dropped.incrementAndGet();
+            settled.incrementAndGet();
+            dropping = true;
         }
-        maybeLogDrops();
+        if (n == BATCH) {
+            LockSupport.unpark(sender);
+        }
+        if (dropping) {
+            maybeLogDrops();
+        }
     }
 
     public long offered() {
@@ -96,41 +131,71 @@ public final class EventSink implements AutoCloseable {
     }
 
     public int queued() {
-        synchronized (queue) {
-            return queue.size();
-        }
+        return Math.max(0, size.get());
     }
 
     private void run() {
-        while (true) {
-            byte[][] next;
-            synchronized (queue) {
-                while (queue.isEmpty() && !closing) {
-                    try {
-                        queue.wait(200);
-                    } catch (InterruptedException e) {
-                        Thread.currentThread().interrupt();
-                        return;
-                    }
-                }
-                if (queue.isEmpty()) {
-                    return;
-                }
-                next = queue.pollFirst();
-            }
-            try {
-                producer.send(new ProducerRecord<>(topic, next[0], next[1]), (meta, err) -> {
-                    if (err == null) {
-                        delivered.incrementAndGet();
-                    } else {
-                        dropped.incrementAndGet();
-                    }
-                });
-            } catch (RuntimeException e) {
-                dropped.incrementAndGet();
-            }
+        while (!Thread.currentThread().isInterrupted()) {
+            int sent = drain();
             maybeLogDrops();
+            if (sent == 0 && closing) {
+                return;
+            }
+            if (sent < BATCH && !closing) {
+                LockSupport.parkNanos(this, WAIT_NANOS);
+            }
         }
+    }
+
+    /** Encodes and sends up to one batch of queued events; returns how many it took. */
+    private int drain() {
+        int taken = 0;
+        Object item;
+        while (taken < BATCH && (item = queue.poll()) != null) {
+            size.decrementAndGet();
+            taken++;
+            send(item);
+            settled.incrementAndGet();
+        }
+        return taken;
+    }
+
+    private void send(Object item) {
+        byte[] key;
+        byte[] value;
+        try {
+            if (item instanceof SendEvent) {
+                SendEvent e = (SendEvent) item;
+                key = e.broker.getBytes(StandardCharsets.UTF_8);
+                value = encode(e);
+            } else {
+                key = ((byte[][]) item)[0];
+                value = ((byte[][]) item)[1];
+            }
+        } catch (IOException | RuntimeException e) {
+            dropped.incrementAndGet(); // an event that cannot be encoded is lost, and counted
+            return;
+        }
+        try {
+            producer.send(new ProducerRecord<>(topic, key, value), (meta, err) -> {
+                if (err == null) {
+                    delivered.incrementAndGet();
+                } else {
+                    dropped.incrementAndGet();
+                }
+            });
+        } catch (RuntimeException e) {
+            dropped.incrementAndGet();
+        }
+    }
+
+    /** The event's JSON (the sink's thread only: it reuses one buffer). */
+    byte[] encode(SendEvent e) throws IOException {
+        buffer.reset();
+        try (JsonGenerator g = JSON.createGenerator(buffer)) {
+            e.writeJson(g);
+        }
+        return buffer.toByteArray();
     }
 
     private void maybeLogDrops() {
@@ -155,23 +220,23 @@ public final class EventSink implements AutoCloseable {
 
     public void close(long timeoutMs) {
         closing = true;
-        synchronized (queue) {
-            queue.notifyAll();
-        }
+        LockSupport.unpark(sender);
         try {
             sender.join(timeoutMs);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
-        producer.close(java.time.Duration.ofMillis(timeoutMs));
+        producer.close(Duration.ofMillis(timeoutMs));
     }
 
-    /** Blocks until everything queued so far was handed to Kafka and acknowledged (tests, shutdown). */
+    /** Blocks until everything offered so far was handed to Kafka and acknowledged (tests, shutdown). */
     public void flush() {
+        long target = offered.get();
         long deadline = System.currentTimeMillis() + 30000;
-        while (queued() > 0 && System.currentTimeMillis() < deadline) {
+        LockSupport.unpark(sender);
+        while (settled.get() < target && System.currentTimeMillis() < deadline) {
             try {
-                Thread.sleep(5);
+                Thread.sleep(1);
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
                 return;

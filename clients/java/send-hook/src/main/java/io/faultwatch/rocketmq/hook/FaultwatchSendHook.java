@@ -1,17 +1,13 @@
 package io.faultwatch.rocketmq.hook;
 
-import java.nio.charset.StandardCharsets;
-import java.util.Collections;
+import java.lang.ref.WeakReference;
+import java.util.Arrays;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Properties;
 import java.util.UUID;
-import java.util.WeakHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.logging.Logger;
-
-import com.fasterxml.jackson.databind.ObjectMapper;
 
 import org.apache.rocketmq.client.hook.SendMessageContext;
 import org.apache.rocketmq.client.hook.SendMessageHook;
@@ -34,33 +30,29 @@ import org.apache.rocketmq.common.message.MessageConst;
  * asynchronous sends; a hook registered by hand with {@code registerSendMessageHook}), the hook
  * times the attempt itself between its before and after calls, which sees a little less of the
  * attempt than the client does. The attempt number comes from the message's unique id, which the
- * client sets once and keeps across retries. The same jar runs with RocketMQ's 4.9.x and 5.x clients.
+ * client sets once and keeps across retries. The send thread only captures the attempt's fields into a
+ * small record and offers it to the {@link EventSink}, whose own thread encodes and sends it. The same
+ * jar runs with RocketMQ's 4.9.x and 5.x clients.
  */
 public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable {
     public static final String DEFAULT_TOPIC = "rmq.send-results";
     private static final String START_KEY = "faultwatch.start.nanos";
-    private static final ObjectMapper JSON = new ObjectMapper();
     private static final Logger LOG = Logger.getLogger(FaultwatchSendHook.class.getName());
 
-    private final String cluster;
     private final EventSink sink;
-    private final String clientVersion = clientVersion();
-    private final ThreadLocal<String[]> lastMessage = ThreadLocal.withInitial(() -> new String[] {null, "0"});
     // Event ids: one random prefix per hook, then a counter (no SecureRandom on the send path).
-    private final String idPrefix = UUID.randomUUID().toString() + "-";
+    private final SendEvent.Origin origin;
     private final AtomicLong idCounter = new AtomicLong();
+    private final ThreadLocal<LastMessage> lastMessage = ThreadLocal.withInitial(LastMessage::new);
     // The event of this thread's last synchronous attempt, until the client's updateFaultItem completes it.
-    private final ThreadLocal<Pending> pending = new ThreadLocal<>();
-    private final Map<DefaultMQProducerImpl, Boolean> tapped = Collections.synchronizedMap(new WeakHashMap<>());
+    private final ThreadLocal<SendEvent> pending = new ThreadLocal<>();
+    // The tapped producers, copied on install so the send path reads them without a lock.
+    private volatile WeakReference<?>[] tapped = new WeakReference<?>[0];
 
-    private static final class Pending {
-        final String broker;
-        final Map<String, Object> event;
-
-        Pending(String broker, Map<String, Object> event) {
-            this.broker = broker;
-            this.event = event;
-        }
+    /** This thread's last message id and its attempt number. */
+    private static final class LastMessage {
+        String id;
+        int attempt;
     }
 
     public FaultwatchSendHook(String cluster, String kafkaBootstrap) {
@@ -75,8 +67,8 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         if (cluster == null || cluster.isEmpty()) {
             throw new IllegalArgumentException("faultwatch send hook: cluster must be a non-empty name");
         }
-        this.cluster = cluster;
         this.sink = sink;
+        this.origin = new SendEvent.Origin(UUID.randomUUID() + "-", cluster, clientVersion());
         warmUp();
     }
 
@@ -87,12 +79,11 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
      */
     private void warmUp() {
         try {
-            Map<String, Object> sample = new LinkedHashMap<>();
-            sample.put("event_id", idPrefix + "warm-up");
-            sample.put("latency_ms", 0L);
-            sample.put("error", null);
-            JSON.writeValueAsBytes(sample);
+            SendEvent sample = new SendEvent(origin, 0L, System.currentTimeMillis(), "warm-up", "warm-up", "warm-up",
+                    "warm-up", 0, null, 0L, "warm-up", 0L, 0, null);
+            sample.reachable = Boolean.TRUE;
             Long.parseLong(Long.toString(System.nanoTime()));
+            tapped((DefaultMQProducerImpl) null);
             attempt(null);
             lastMessage.remove();
         } catch (Exception e) {
@@ -116,13 +107,37 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
                     + " (" + e + "); its events carry the hook's own timing");
             return false;
         }
-        tapped.put(impl, Boolean.TRUE);
+        addTapped(impl);
         return true;
     }
 
     /** True when {@code producer}'s events carry the client's own latency (see {@link #install}). */
     public boolean tapped(DefaultMQProducer producer) {
-        return tapped.containsKey(producer.getDefaultMQProducerImpl());
+        return tapped(producer.getDefaultMQProducerImpl());
+    }
+
+    private boolean tapped(DefaultMQProducerImpl impl) {
+        for (WeakReference<?> ref : tapped) {
+            if (ref.get() == impl && impl != null) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    private synchronized void addTapped(DefaultMQProducerImpl impl) {
+        if (tapped(impl)) {
+            return;
+        }
+        int live = 0;
+        WeakReference<?>[] next = new WeakReference<?>[tapped.length + 1];
+        for (WeakReference<?> ref : tapped) {
+            if (ref.get() != null) {
+                next[live++] = ref;
+            }
+        }
+        next[live++] = new WeakReference<>(impl);
+        tapped = Arrays.copyOf(next, live);
     }
 
     public EventSink sink() {
@@ -136,7 +151,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
 
     @Override
     public void sendMessageBefore(SendMessageContext ctx) {
-        Pending left = pending.get();
+        SendEvent left = pending.get();
         if (left != null) { // the client never fed the last attempt back (it left by an unchecked exception)
             pending.remove();
             offer(left);
@@ -159,12 +174,11 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
                 return; // an asynchronous send's second after-call, or a context we never saw start
             }
             long latencyMs = Math.max(0, (end - Long.parseLong(start)) / 1_000_000L);
-            Map<String, Object> event = event(ctx, latencyMs, attempt(ctx.getMessage()));
-            Pending p = new Pending(ctx.getMq().getBrokerName(), event);
+            SendEvent event = event(ctx, latencyMs, attempt(ctx.getMessage()));
             if (awaitsClient(ctx, event)) {
-                pending.set(p);
+                pending.set(event);
             } else {
-                offer(p);
+                offer(event);
             }
         } catch (Exception | LinkageError e) {
             // Never fail the application's send because of faultwatch.
@@ -172,10 +186,10 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     }
 
     /** A synchronous attempt of a tapped producer whose client will call its fault table next. */
-    private boolean awaitsClient(SendMessageContext ctx, Map<String, Object> event) {
+    private boolean awaitsClient(SendMessageContext ctx, SendEvent event) {
         return ctx.getCommunicationMode() == CommunicationMode.SYNC
-                && Boolean.TRUE.equals(event.get("send_latency_fault_enable"))
-                && tapped.containsKey(ctx.getProducer());
+                && Boolean.TRUE.equals(event.faultEnable)
+                && tapped(ctx.getProducer());
     }
 
     /**
@@ -188,7 +202,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
      */
     void clientUpdated(String broker, long latencyMs, long durationMs, Boolean reachable, long beforeMs,
                        ClientLatencyTap tap) {
-        Pending p = pending.get();
+        SendEvent p = pending.get();
         if (p == null) {
             return; // not a send of this thread's (the feed's writes), or an attempt no hook saw
         }
@@ -198,10 +212,10 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
                 long start = tap.startTimestamp(broker);
                 long afterMs = System.currentTimeMillis();
                 boolean written = start >= beforeMs + durationMs && start <= afterMs + durationMs;
-                p.event.put("ts_ms", written ? start - durationMs : beforeMs);
-                p.event.put("latency_ms", latencyMs);
+                p.tsMs = written ? start - durationMs : beforeMs;
+                p.latencyMs = latencyMs;
                 if (reachable != null) {
-                    p.event.put("reachable", reachable);
+                    p.reachable = reachable;
                 }
             }
             offer(p);
@@ -210,45 +224,31 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         }
     }
 
-    private void offer(Pending p) {
+    private void offer(SendEvent event) {
         try {
-            sink.offer(p.broker.getBytes(StandardCharsets.UTF_8), JSON.writeValueAsBytes(p.event));
-        } catch (Exception | LinkageError e) {
-            // an event that cannot be encoded is lost, never the application's send
+            sink.offer(event);
+        } catch (RuntimeException | LinkageError e) {
+            // an event that cannot be queued is lost, never the application's send
         }
     }
 
     private int attempt(Message msg) {
         String id = msg == null ? null : msg.getProperty(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX);
-        String[] last = lastMessage.get();
-        int attempt = id != null && id.equals(last[0]) ? Integer.parseInt(last[1]) + 1 : 0;
-        last[0] = id;
-        last[1] = Integer.toString(attempt);
+        LastMessage last = lastMessage.get();
+        int attempt = id != null && id.equals(last.id) ? last.attempt + 1 : 0;
+        last.id = id;
+        last.attempt = attempt;
         return attempt;
     }
 
-    private Map<String, Object> event(SendMessageContext ctx, long latencyMs, int attempt) {
+    private SendEvent event(SendMessageContext ctx, long latencyMs, int attempt) {
         SendResult result = ctx.getSendResult();
         Exception error = ctx.getException();
-        Map<String, Object> e = new LinkedHashMap<>();
-        e.put("schema_version", 1);
-        e.put("event_id", idPrefix + idCounter.incrementAndGet());
-        e.put("ts_ms", System.currentTimeMillis());
-        e.put("cluster", cluster);
-        e.put("producer_group", ctx.getProducerGroup());
-        e.put("client_id", clientId(ctx.getProducer()));
-        e.put("client_version", clientVersion);
-        e.put("topic", ctx.getMq().getTopic());
-        e.put("broker_name", ctx.getMq().getBrokerName());
-        e.put("queue_id", ctx.getMq().getQueueId());
         boolean ok = error == null && result != null;
-        e.put("status", ok ? result.getSendStatus().name() : "FAILED");
-        e.put("latency_ms", latencyMs);
-        e.put("error", ok ? null : describe(error));
-        e.put("queue_offset", ok ? result.getQueueOffset() : null);
-        e.put("attempt", attempt);
-        e.put("send_latency_fault_enable", faultEnable(ctx.getProducer()));
-        return e;
+        return new SendEvent(origin, idCounter.incrementAndGet(), System.currentTimeMillis(), ctx.getProducerGroup(),
+                clientId(ctx.getProducer()), ctx.getMq().getTopic(), ctx.getMq().getBrokerName(),
+                ctx.getMq().getQueueId(), ok ? result.getSendStatus().name() : null, latencyMs,
+                ok ? null : describe(error), ok ? result.getQueueOffset() : 0L, attempt, faultEnable(ctx.getProducer()));
     }
 
     static String describe(Exception error) {
