@@ -74,7 +74,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
 
     /**
      * Loads and initialises what the after-call uses before the first send: the client times each
-     * attempt around the hook, so a slow first call (class loading, JSON set-up) would be counted as
+     * attempt around the hook, so a slow first call (class loading) would be counted as
      * broker latency and could open an avoidance window that the events cannot show.
      */
     private void warmUp() {
