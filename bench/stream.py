@@ -1,27 +1,17 @@
 """The streaming job users run, over a realistic backlog, against the raw consume ceiling.
 
-    .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--quick] [--skip-scaling] [--pairs 3]
+    .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--skip-scaling] [--pairs 3]
                                      [--compression zstd|gzip|none] [--brokers apache,tansu]
-    .venv/bin/python bench/stream.py --fleet 1,10,100 [--rounds 2] [--events ...] [--max-events-per-batch N]
+    .venv/bin/python bench/stream.py --fleet 1,10,100 [--rounds 2] [--max-events-per-batch N]
 
-For each of ``--brokers`` (Apache Kafka, as production runs, then Tansu, the demo's broker) it
-preloads a simulator backlog (``--clusters`` instances of ``bench/stream_backlog.toml``; batches
-zstd unless ``--compression`` says otherwise), measures one kafka-python consumer reading it (the
-ceiling, read again after the job), runs ``faultwatch stream --once`` with the default concerns as a
-separate process and prints events/s overall and per query, their ratio to the ceiling, ``late``
-rows, peak RSS, the stateful task count and the broker's CPU seconds. Unless
-``--skip-scaling`` it first measures the machine's own two-process ratio on the job's decoding
-without Spark (the bound for the job's ratios), then runs local[1] against local[2] and one against
-two one-core standalone workers in ``--pairs`` pairs, swapping the order in every other pair so a
-drift in machine speed favours neither side, and prints each pair's ratio and the median. Nothing
-asserts timings; the load average is printed with the figures (docs/performance.md, section 24,
-says why pairs and why ~2M events).
-
-``--fleet 1,10,100`` runs the default job instead over fleets of 1, 10 and 100 times the producer x
-broker pairs at the same events and event rate (bench/fleet.py), each backlog in its own topics of
-one broker, in alternated order (1,10,100,100,10,1 for ``--rounds 2``), and prints per size events/s
-processing, the state the job reports after its last micro-batch per pair seen, the state store's
-files and the peak RSS, with each run's ratio to the smallest fleet's run of the same round.
+For each of ``--brokers`` it preloads a simulator backlog (``--clusters`` instances of
+``bench/stream_backlog.toml``), reads it with one kafka-python consumer before and after the job
+(the ceiling), runs ``faultwatch stream --once`` with the default concerns and prints events/s,
+their ratio to the ceiling, ``late`` rows, peak RSS, stateful tasks and the broker's CPU. Unless
+``--skip-scaling`` it also runs local[1] against local[2] and one against two standalone workers
+in alternated pairs (the machine's speed drifts). ``--fleet`` runs the job over fleets of 1, 10
+and 100 times the producer x broker pairs at the same event rate (bench/fleet.py), alternated, and
+prints events/s, state per pair and peak RSS against the smallest fleet. Nothing asserts timings.
 """
 
 from __future__ import annotations
