@@ -45,7 +45,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = run.loop.create_future()
         self.period = run.concurrency / run.rate if run.rate else 0.0
-        self.next_at = time.monotonic() + self.rng.random() * self.period
+        self.next_at = 0.0  # set by run() once every connection is open
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
