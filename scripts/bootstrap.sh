@@ -103,10 +103,12 @@ fi
 if [ "$target" = "test" ]; then
   "$VENV/bin/python" -m pipeline.kafka_apache || die "could not resolve Apache Kafka's jars through Maven"
 fi
-# 7. delta-spark for the test that reads and maintains the job's tables as a Spark user would
-#    (tests/deltaspark): delta-spark 4.4 runs on Spark 4.2, not on the job's 4.3, so it gets a
-#    pyspark-4.2 environment under ~/.cache/faultwatch and its jars through Maven (~/.m2); once.
+# 7. delta-spark's jars for the job's Spark session (streaming/deltaspark.py): resolved through Maven
+#    into ~/.m2 once, so a later start needs no network. The tests need them (Delta's own reads and
+#    the delta-spark writer); the demo runs without them.
 if [ "$target" = "test" ]; then
-  "$VENV/bin/python" -m tests.deltaspark || die "could not prepare delta-spark (pip: pyspark 4.2.0, delta-spark; Maven: io.delta)"
+  "$VENV/bin/python" -m streaming.deltaspark || die "could not resolve delta-spark's jars through Maven (io.delta)"
+elif command -v mvn >/dev/null 2>&1; then
+  "$VENV/bin/python" -m streaming.deltaspark || say "no delta-spark jars (the job runs with the deltalake writer)"
 fi
 say "ready ($target)"

@@ -193,6 +193,8 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # 4.1+): a live micro-batch starts a dozen Python runners, each with its own connection.
         .config("spark.python.unix.domain.socket.enabled", "true")
     )
+    for key, value in delta_conf(cfg).items():
+        builder = builder.config(key, value)
     if is_local_path(cfg.storage.checkpoint_root):
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
     for key, value in cfg.spark.conf.items():  # [spark.conf] may set any of the above
@@ -207,6 +209,14 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         if notice:
             print(notice, file=sys.stderr, flush=True)
     return spark
+
+
+def delta_conf(cfg: Config) -> dict[str, str]:
+    """delta-spark's settings for the session (streaming/deltaspark.py), when its jars resolve: for
+    Spark users' Delta commands."""
+    from streaming import deltaspark
+
+    return deltaspark.optional_session_conf()
 
 
 def driver_flags_notice(jvm_flags: list[str]) -> str | None:

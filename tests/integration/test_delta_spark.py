@@ -1,7 +1,7 @@
 """The job's tables are standard Delta for delta-spark: Spark users read, time-travel and maintain them.
 
 A short real job (``faultwatch stream --once`` over the simulator's broker outage) writes every table
-of the default job. Then delta-spark (pyspark 4.2, in its own environment: ``tests/deltaspark``)
+of the default job. Then delta-spark, in the tests' own Spark session (streaming/deltaspark.py),
 reads each table, lists ``DESCRIBE HISTORY`` and reads the version before the latest (``versionAsOf``);
 on the two tables the job wrote in several files it runs ``OPTIMIZE`` and ``VACUUM ... RETAIN 0 HOURS``
 and reads it again (each such step is dozens of small Spark jobs). Every read must
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pa_fs
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -25,10 +24,9 @@ from pipeline.config import Config
 from pipeline.deltaio import read_table
 from pipeline.simulate import DEFAULT_EPOCH_MS, KafkaSink, Simulation, load_scenario
 from tests.conftest import unique_topics
-from tests.deltaspark import run_check
 from tests.integration.processes import start_faultwatch, write_config
 
-# two job runs and a Spark 4.2 session's ~60 small jobs: ~15 min on a machine loaded many times over
+# two job runs and ~60 small Spark jobs of delta-spark: ~15 min on a machine loaded many times over
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # what the default job writes from this scenario (the check also covers any other table it finds)
@@ -57,12 +55,32 @@ def deltalake_rows(path: str, version: int) -> list[str]:
     return canonical(dataset.to_table())
 
 
-def spark_rows(folder: Path) -> list[str]:
-    """What delta-spark read (it wrote it as Parquet there)."""
-    return canonical(pq.read_table(folder))
+def spark_rows(df: Any) -> list[str]:
+    """What delta-spark read."""
+    return canonical(df.toArrow())
 
 
-def test_delta_spark_reads_time_travels_and_maintains_the_jobs_tables(kafka: Any, cfg: Config, tmp_path: Path) -> None:
+def check_table(spark: Any, path: str, maintain: bool) -> dict[str, Any]:
+    """What a Spark user does with a table: read it, ``DESCRIBE HISTORY``, read the version before the
+    latest (``versionAsOf``); with ``maintain`` also ``OPTIMIZE`` and ``VACUUM ... RETAIN 0 HOURS``,
+    then read it again."""
+    ref = f"delta.`{path}`"
+    history = [r.asDict() for r in spark.sql(f"DESCRIBE HISTORY {ref}").select("version", "operation").collect()]
+    latest = max(int(h["version"]) for h in history)
+    out: dict[str, Any] = {"latest": latest, "history": history,
+                           "rows": spark_rows(spark.read.format("delta").load(path))}
+    if latest > 0:
+        out["before"] = spark_rows(spark.read.format("delta").option("versionAsOf", latest - 1).load(path))
+    if maintain:
+        out["optimize"] = spark.sql(f"OPTIMIZE {ref}").select("metrics.numFilesAdded", "metrics.numFilesRemoved").first().asDict()
+        spark.sql(f"VACUUM {ref} RETAIN 0 HOURS").collect()
+        out["maintained"] = spark_rows(spark.read.format("delta").load(path))
+        out["detail"] = spark.sql(f"DESCRIBE DETAIL {ref}").select("numFiles").first().asDict()
+    return out
+
+
+def test_delta_spark_reads_time_travels_and_maintains_the_jobs_tables(kafka: Any, spark: Any, cfg: Config,
+                                                                     tmp_path: Path) -> None:
     cfg = unique_topics(cfg, kafka, "deltaspark")
     scenario = load_scenario("broker-outage").replace(duration_s=90.0)
     Simulation(scenario).run(KafkaSink(cfg), close=True)
@@ -76,22 +94,23 @@ def test_delta_spark_reads_time_travels_and_maintains_the_jobs_tables(kafka: Any
     before = {name: deltalake_rows(path, versions[name] - 1) for name, path in tables.items() if versions[name] > 0}
     history = {name: sorted(h["version"] for h in DeltaTable(path).history()) for name, path in tables.items()}
 
-    out = tmp_path / "delta-spark"
-    check = run_check(tables, MAINTAIN, out)
-    assert check.returncode == 0, check.stderr[-5000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["spark"].startswith("4.2"), summary["spark"]
+    assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        summary = {name: check_table(spark, path, name in MAINTAIN) for name, path in tables.items()}
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
     for name in tables:
         got = summary[name]
         assert got["latest"] == versions[name], name
         assert sorted(h["version"] for h in got["history"]) == history[name], name
-        assert spark_rows(out / name / "latest") == latest[name], name
+        assert got["rows"] == latest[name], name
         if name in before:
-            assert spark_rows(out / name / "before") == before[name], name
+            assert got["before"] == before[name], name
     for name in MAINTAIN:
         assert summary[name]["optimize"]["numFilesRemoved"] > 1, (name, summary[name])
         assert summary[name]["detail"]["numFiles"] < len(DeltaTable(tables[name], version=versions[name]).file_uris()), name
-        assert spark_rows(out / name / "maintained") == latest[name], name
+        assert summary[name]["maintained"] == latest[name], name
         operations = [h["operation"] for h in DeltaTable(tables[name]).history(3)]
         assert operations == ["VACUUM END", "VACUUM START", "OPTIMIZE"], (name, operations)
         # and deltalake reads the table delta-spark optimised and vacuumed exactly as before
