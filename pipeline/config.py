@@ -173,6 +173,9 @@ class StorageConfig:
     # A table lacking columns this version writes: "evolve" adds them at start (older rows read as
     # null); "refuse" stops the start with a message naming them (see pipeline/deltaschema.py).
     schema_changes: Literal["evolve", "refuse"] = "evolve"
+    # What commits the job's micro-batches: "deltalake" (the driver commits the Parquet files the
+    # executors wrote) or "delta-spark" (Delta's own Spark writer; streaming/delta_spark_sink.py).
+    writer: Literal["deltalake", "delta-spark"] = "deltalake"
 
     def table_path(self, name: str) -> str:
         return str(Path(self.root) / name)

@@ -453,8 +453,13 @@ def write_routed(
     maintainer = None
     if cfg.maintenance.enabled:
         maintainer = Maintainer(cfg.storage.root, tables, cfg.maintenance, str(Path(checkpoint) / MAINTENANCE_FILE))
-    writer = RoutedDeltaWriter(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
-                               driver_step, listed, maintainer)
+    writer_class = RoutedDeltaWriter
+    if cfg.storage.writer == "delta-spark":  # Delta's own Spark writer commits (streaming/delta_spark_sink.py)
+        from streaming.delta_spark_sink import DeltaSparkWriter
+
+        writer_class = DeltaSparkWriter
+    writer = writer_class(cfg.storage.root, tables, app_id(cfg, name), report_dir(checkpoint), collect,
+                          driver_step, listed, maintainer)
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)

@@ -212,10 +212,12 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
 
 
 def delta_conf(cfg: Config) -> dict[str, str]:
-    """delta-spark's settings for the session (streaming/deltaspark.py), when its jars resolve: for
-    Spark users' Delta commands."""
+    """delta-spark's settings for the session (streaming/deltaspark.py): required by the delta-spark
+    writer, and otherwise added when its jars resolve, for Spark users' Delta commands."""
     from streaming import deltaspark
 
+    if cfg.storage.writer == "delta-spark":
+        return deltaspark.session_conf(deltaspark.delta_jars())
     return deltaspark.optional_session_conf()
 
 

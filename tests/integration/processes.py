@@ -27,6 +27,7 @@ def write_config(cfg: Config, path: Path, **extra_sections: dict[str, object]) -
         f'root = "{cfg.storage.root}"',
         f'checkpoint_root = "{cfg.storage.checkpoint_root}"',
         f'publish_dir = "{cfg.storage.publish_dir}"',
+        f'writer = "{cfg.storage.writer}"',
         "[stream]",
         f"trigger_interval_s = {cfg.stream.trigger_interval_s}",
         f"max_events_per_batch = {cfg.stream.max_events_per_batch}",

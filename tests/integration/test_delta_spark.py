@@ -1,7 +1,8 @@
 """The job's tables are standard Delta for delta-spark: Spark users read, time-travel and maintain them.
 
 A short real job (``faultwatch stream --once`` over the simulator's broker outage) writes every table
-of the default job. Then delta-spark, in the tests' own Spark session (streaming/deltaspark.py),
+of the default job; the same job with ``storage.writer = "delta-spark"`` writes the same rows into
+another root. Then delta-spark, in the tests' own Spark session (streaming/deltaspark.py),
 reads each table, lists ``DESCRIBE HISTORY`` and reads the version before the latest (``versionAsOf``);
 on the two tables the job wrote in several files it runs ``OPTIMIZE`` and ``VACUUM ... RETAIN 0 HOURS``
 and reads it again (each such step is dozens of small Spark jobs). Every read must
@@ -93,6 +94,17 @@ def test_delta_spark_reads_time_travels_and_maintains_the_jobs_tables(kafka: Any
     latest = {name: deltalake_rows(path, versions[name]) for name, path in tables.items()}
     before = {name: deltalake_rows(path, versions[name] - 1) for name, path in tables.items() if versions[name] > 0}
     history = {name: sorted(h["version"] for h in DeltaTable(path).history()) for name, path in tables.items()}
+
+    # the delta-spark writer, over the same topics into its own root, writes the very same rows
+    other = cfg.replace(storage__writer="delta-spark", storage__root=str(tmp_path / "ds" / "tables"),
+                        storage__checkpoint_root=str(tmp_path / "ds" / "checkpoints"),
+                        storage__publish_dir=str(tmp_path / "ds" / "avoidance"))
+    run_job(write_config(other, tmp_path / "ds.toml"), tmp_path / "ds.log")
+    assert set(tables_of(other.storage.root)) == set(tables)
+    for name in tables:
+        assert canonical(read_table(other.storage.root, name)) == latest[name], name
+    written = [h for h in DeltaTable(str(Path(other.storage.root) / "send_results")).history() if h["operation"] == "WRITE"]
+    assert written and all(h.get("engineInfo", "").startswith("Apache-Spark") for h in written), written[:2]
 
     assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")

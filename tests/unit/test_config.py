@@ -30,6 +30,7 @@ def test_repository_file_equals_embedded_defaults() -> None:
         ("[lag.groups.g1]\nconsume_from_where = 'LATEST'", "lag.groups.g1.consume_from_where"),
         ("[kafka]\nsecurity_protocol = 'SASL_SSL'", "kafka.sasl_mechanism and kafka.sasl_username are required"),
         ("[spark]\nconf = 3", "spark.conf: expected a table"),
+        ("[storage]\nwriter = 'spark'", "storage.writer: 'spark' is not valid; valid values: ['deltalake', 'delta-spark']"),
         ("stream = 3", "stream: expected a table"),
         ("[stream\n", "not valid TOML"),
     ],
