@@ -5,7 +5,7 @@ runs once into local folders and once into a bucket, where it is SIGKILLed after
 ``send_results`` and started again: every table on S3 must equal its local twin row for row, with
 no bronze record twice. Then the readers without Spark read the bucket: ``serve``'s refresh builds
 the same state as from the local tables, the publisher decides the same avoidance list and records
-its cycle there, and ``faultwatch maintain`` compacts and vacuums there without changing a row.
+its cycle there, the report reads the same data, and ``faultwatch maintain`` compacts and vacuums there without changing a row.
 Bad S3 settings fail at load, fast, naming the key.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pipeline import objstore
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.config import Config, ConfigError, S3Config, Secret, StorageConfig, load_config
 from pipeline.deltaio import read_table, table_version
 from pipeline.kafka_local import free_port
 from pipeline.simulate import KafkaSink, Simulation, load_scenario
@@ -78,6 +78,60 @@ def test_bad_s3_settings_fail_at_load_naming_the_key(s3: S3Server, tmp_path: Pat
     assert load_config(tmp_path / "good.toml", env={}).storage.root == root
 
 
+def configured(server: S3Server, prefix: str) -> str:
+    """``s3://bucket/prefix``, with this process's S3 settings pointing at ``server``."""
+    root = f"s3://{server.bucket}/{prefix}"
+    objstore.configure(StorageConfig(root=root, s3=S3Config(server.endpoint, REGION, server.access_key,
+                                                             Secret(server.secret_key))), env={})
+    return root
+
+
+def test_the_sinks_own_files_and_commits_on_s3(s3: S3Server) -> None:
+    """Commits once per batch (a replay skipped), a failed batch's files deleted by list and by
+    name, the batch report, the layout marker and the cluster decisions beside the checkpoint."""
+    from streaming.decisions import ClusterDecisions
+    from streaming.delta_sink import RoutedDeltaWriter, check_layout, ensure_tables, read_report
+    from tests.unit.test_delta_sink import _rows
+
+    root = configured(s3, "sink/tables")
+    ck = f"s3://{s3.bucket}/sink/ck/q"
+    on_disk = s3.folder / s3.bucket / "sink" / "tables"
+
+    def files(name: str) -> set[str]:
+        return {p.name for p in (on_disk / name).rglob("*.parquet")}
+
+    tables = ["broker_health", "broker_fault_episodes"]
+    ensure_tables(root, tables)
+    w = RoutedDeltaWriter(root, tables, "test:s3", report_dir=objstore.join(ck, "faultwatch-reports"))
+    msg = w.write(iter([_rows("broker_health", 3), _rows("broker_fault_episodes", 2)]), batch_id=0)
+    w.commit([msg], 0)
+    assert read_report(objstore.join(ck, "faultwatch-reports"), 0) == {"broker_health": 3, "broker_fault_episodes": 2}
+    w.commit([msg], 0)  # a replay: the logs hold batch 0
+    assert read_table(root, "broker_health").num_rows == 3 and read_table(root, "broker_fault_episodes").num_rows == 2
+    kept = files("broker_health")
+    failed = w.write(iter([_rows("broker_health", 4)]), batch_id=1)
+    assert files("broker_health") > kept
+    w.abort([failed], 1)
+    assert files("broker_health") == kept
+    w.write(iter([_rows("broker_health", 5), _rows("broker_fault_episodes", 1)]), batch_id=1)
+    w.discard(1)
+    assert files("broker_health") == kept and len(files("broker_fault_episodes")) == 1
+    assert read_table(root, "broker_health").num_rows == 3
+
+    check_layout(ck, "q", 2, {"faults.shards": 4})  # a new checkpoint: marked
+    objstore.write_text(objstore.join(ck, "metadata"), "{}")  # as Spark marks a started query
+    check_layout(ck, "q", 2, {"faults.shards": 4})
+    with pytest.raises(ConfigError, match="faults.shards is 8"):
+        check_layout(ck, "q", 2, {"faults.shards": 8})
+
+    cfg = Config().replace(storage__root=root)
+    decisions = ClusterDecisions(cfg, ck, "tag")
+    decisions._save(5, {}, 1234)
+    decisions._saved = None
+    assert decisions._load(6) == ({}, 1234)
+    assert objstore.list_names(objstore.join(ck, "faultwatch-decisions")) == ["5.json"]
+
+
 def canonical(cfg: Config, table: str) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True, default=str) for r in read_table(cfg.storage.root, table).to_pylist())
 
@@ -132,22 +186,37 @@ def test_default_job_on_s3_equals_local_across_a_kill_and_serves_publishes_maint
     # serve's refresh: the same state from the bucket as from the folder
     from pipeline.serve.snapshot import Refresher
 
-    clock = lambda: 2_000_000_000.0  # noqa: E731 - one instant for both
+    clock = lambda: 2_000_000_000.0  # one instant for both
     states = [Refresher(c, clock).refresh_once().state for c in (local, remote)]
     assert not states[1].table_errors.get("broker_fault_episodes_live"), states[1].table_errors
     assert states[0] == states[1]
 
     # the publisher: the same decision, recorded in the bucket's publisher_cycles
     from pipeline.publish import run_cycle
+    from pipeline.publish.cycle import load_inputs
 
-    cycle = 1_800_000_000_000
-    reports = [run_cycle(c.replace(topics__avoidance=f"{c.topics.avoidance}-{i}"), cycle_number=cycle)
-               for i, c in enumerate((local, remote))]
+    at = load_inputs(local, 1, 0).snapshot.freshest_ms  # the cycle runs just after the newest event
+    assert at is not None
+    reports = [run_cycle(c.replace(topics__avoidance=f"{c.topics.avoidance}-{i}"), cycle_number=at // 60_000,
+                         at_ms=at + 1000) for i, c in enumerate((local, remote))]
     assert [r.status for r in reports] == ["published", "published"], [r.reason for r in reports]
     assert reports[0].decision is not None and reports[1].decision is not None
     assert reports[0].decision.recommendations() == reports[1].decision.recommendations()
     assert canonical(remote, "publisher_cycles") and len(canonical(remote, "publisher_cycles")) == len(
         canonical(local, "publisher_cycles"))
+
+    # the report: the same data from the bucket as from the folder, and its page drawn
+    from pipeline.report import load_report_data, write_report
+
+    def report_rows(c: Config) -> dict[str, list[str]]:
+        """The report's frames; without the latency percentiles it draws from bronze with a t-digest,
+        which depends on the order of the rows (of the files) as well as on the rows."""
+        frames = load_report_data(c.storage.root).frames
+        return {n: sorted(f.drop(columns=[x for x in f.columns if x.startswith("latency_p")])
+                          .to_json(orient="records", lines=True).splitlines()) for n, f in frames.items()}
+
+    assert report_rows(local) == report_rows(remote)
+    assert "broker-b" in write_report(remote.storage.root, tmp_path / "report.html", generated_ms=at).read_text()
 
     # faultwatch maintain on the bucket: compacted, vacuumed, not a row changed
     out = tmp_path / "maintain.log"
