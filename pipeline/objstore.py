@@ -32,7 +32,9 @@ __all__ = [
     "write_text",
 ]
 
-ENV_OPTIONS = "FAULTWATCH_S3_OPTIONS"  # the resolved settings as JSON, for child processes
+# The resolved settings as JSON, for child processes (Spark's Python workers). "SECRET" in the name:
+# Spark masks configuration values whose key matches spark.redaction.regex, in its UI and event logs.
+ENV_OPTIONS = "FAULTWATCH_S3_SECRET_OPTIONS"
 SCHEMES = ("s3",)  # besides local paths (no scheme, or file:)
 
 
