@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pipeline import typedload
+from pipeline import objstore, typedload
 from schemas.errors import FaultwatchError
 
 if sys.version_info >= (3, 11):
@@ -165,6 +165,20 @@ class TopicsConfig:
 
 
 @dataclass(frozen=True)
+class S3Config:
+    """How to reach ``s3://`` roots (pipeline/objstore.py); an unset key falls back to the standard
+    AWS environment variable (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)."""
+
+    endpoint: str | None = None  # an S3-compatible server, e.g. "http://10.0.0.5:7070"; unset: AWS itself
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: Secret | None = None
+    # How a Delta commit refuses to overwrite another writer's: "etag" sends If-None-Match (AWS S3 and
+    # most S3-compatible servers); "dynamo:TABLE" coordinates through a DynamoDB table instead.
+    conditional_put: str = "etag"
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     root: str = "data/tables"
     checkpoint_root: str = "data/checkpoints"
@@ -176,9 +190,18 @@ class StorageConfig:
     # What commits the job's micro-batches: "deltalake" (the driver commits the Parquet files the
     # executors wrote) or "delta-spark" (Delta's own Spark writer; streaming/delta_spark_sink.py).
     writer: Literal["deltalake", "delta-spark"] = "deltalake"
+    s3: S3Config = field(default_factory=S3Config)
+
+    def validate(self) -> None:
+        from pipeline.objstore import check_scheme
+
+        check_scheme("root", self.root)
+        check_scheme("checkpoint_root", self.checkpoint_root)
 
     def table_path(self, name: str) -> str:
-        return str(Path(self.root) / name)
+        from pipeline.objstore import join
+
+        return join(self.root, name)
 
 
 @dataclass(frozen=True)
@@ -613,9 +636,18 @@ def load_config(
         if env.get(var):
             raw.setdefault(section, {})[key] = env[var]
     try:
-        return from_dict(raw)
+        cfg = from_dict(raw)
+        objstore.configure(cfg.storage, env)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        objstore.probe("storage.root", cfg.storage.root)
+        objstore.probe("storage.checkpoint_root", cfg.storage.checkpoint_root)
+    except objstore.StorageError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return cfg
 
 
 def from_dict(raw: Mapping[str, Any]) -> Config:

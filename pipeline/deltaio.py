@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.fs as pa_fs
 
+from pipeline import objstore
+
 __all__ = ["latest_revision", "read_table", "table_exists", "table_uri", "table_version"]
 
 
@@ -30,7 +32,7 @@ def table_uri(root: str, name: str) -> str:
 def table_exists(root: str, name: str) -> bool:
     from deltalake import DeltaTable
 
-    return bool(DeltaTable.is_deltatable(table_uri(root, name)))
+    return bool(DeltaTable.is_deltatable(table_uri(root, name), storage_options=objstore.storage_options(root)))
 
 
 def table_version(root: str, name: str) -> int | None:
@@ -38,7 +40,8 @@ def table_version(root: str, name: str) -> int | None:
     from deltalake import DeltaTable
 
     uri = table_uri(root, name)
-    return int(DeltaTable(uri).version()) if DeltaTable.is_deltatable(uri) else None
+    opts = objstore.storage_options(uri)
+    return int(DeltaTable(uri, storage_options=opts).version()) if DeltaTable.is_deltatable(uri, storage_options=opts) else None
 
 
 def table_has_rows(root: str, name: str) -> bool:
@@ -47,7 +50,8 @@ def table_has_rows(root: str, name: str) -> bool:
     from deltalake import DeltaTable
 
     uri = table_uri(root, name)
-    return bool(DeltaTable.is_deltatable(uri) and DeltaTable(uri).file_uris())
+    opts = objstore.storage_options(uri)
+    return bool(DeltaTable.is_deltatable(uri, storage_options=opts) and DeltaTable(uri, storage_options=opts).file_uris())
 
 
 def _declared_schema(name: str) -> pa.Schema | None:
@@ -61,7 +65,7 @@ def _filesystem_for(uri: str) -> pa_fs.FileSystem:
     """An explicit filesystem rooted at the table (the safe path around delta-rs#2184)."""
     if "://" not in uri:
         return pa_fs.SubTreeFileSystem(uri, pa_fs.LocalFileSystem())
-    raw, path = pa_fs.FileSystem.from_uri(uri)
+    raw, path = objstore.filesystem(uri)
     return pa_fs.SubTreeFileSystem(path, raw)
 
 
@@ -81,6 +85,7 @@ def read_table(
     from deltalake import DeltaTable
 
     uri = table_uri(root, name)
+    storage_options = storage_options or objstore.storage_options(uri)
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         schema = _declared_schema(name)
         if schema is None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline import objstore
 from pipeline.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def reconcile_schema(uri: str, name: str, declared: pa.Schema, mode: str) -> Sch
 
     if mode not in SCHEMA_CHANGES:
         raise ConfigError(f"storage.schema_changes: unknown {mode!r}; valid values: {list(SCHEMA_CHANGES)}")
-    dt = DeltaTable(uri)
+    dt = DeltaTable(uri, storage_options=objstore.storage_options(uri))
     diff = schema_diff(dt.schema(), declared)
     if diff.retyped:
         column, theirs, ours = diff.retyped[0]

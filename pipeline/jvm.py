@@ -33,7 +33,8 @@ _POM = """<?xml version="1.0" encoding="UTF-8"?>
   </dependencies>
 </project>
 """
-_DEP = """    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"""
+_DEP = """    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>{x}</dependency>"""
+_EXCLUSION = "<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId></exclusion>"
 
 
 def cache_dir() -> Path:
@@ -56,14 +57,21 @@ def _coordinates(artifact: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-def maven_classpath(name: str, artifacts: Sequence[str], timeout_s: float = 900.0) -> list[Path]:
+def maven_classpath(
+    name: str, artifacts: Sequence[str], timeout_s: float = 900.0, exclusions: Sequence[str] = ()
+) -> list[Path]:
     """The jars of ``artifacts`` and all their runtime dependencies, resolved by Maven on first use.
 
     ``name`` names the cache entry (e.g. ``kafka-4.1.0``); the entry is keyed by the artifact list, so
-    a changed list resolves again. Raises :class:`JvmError` naming Maven's last lines on failure.
+    a changed list resolves again. ``exclusions`` (``groupId:artifactId``) are left out of every
+    artifact's dependencies. Raises :class:`JvmError` naming Maven's last lines on failure.
     """
-    deps = "\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in map(_coordinates, artifacts))
-    key = hashlib.sha256("\n".join(artifacts).encode()).hexdigest()[:12]
+    pairs = [x.split(":") for x in exclusions]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise JvmError(f"exclusions {list(exclusions)!r}: each must be groupId:artifactId")
+    excluded = "<exclusions>" + "".join(_EXCLUSION.format(g=g, a=a) for g, a in pairs) + "</exclusions>" if pairs else ""
+    deps = "\n".join(_DEP.format(g=g, a=a, v=v, x=excluded) for g, a, v in map(_coordinates, artifacts))
+    key = hashlib.sha256("\n".join([*artifacts, *(f"-{x}" for x in exclusions)]).encode()).hexdigest()[:12]
     folder = cache_dir() / f"{name}-{key}"
     listing = folder / "classpath.txt"
     if listing.exists():

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import objstore
 from pipeline.config import MaintenanceConfig
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def ensure_properties(uri: str, cfg: MaintenanceConfig, dt: Any = None) -> None:
     """Set the retention properties on a table that does not hold them yet (a commit only then)."""
     from deltalake import DeltaTable
 
-    dt = dt if dt is not None else DeltaTable(uri)
+    dt = dt if dt is not None else DeltaTable(uri, storage_options=objstore.storage_options(uri))
     wanted = table_properties(cfg)
     held = dt.metadata().configuration
     if any(held.get(k) != v for k, v in wanted.items()):
@@ -77,7 +78,7 @@ def compact(uri: str, cfg: MaintenanceConfig, tasks: int = 1) -> StepResult:
     from deltalake.transaction import CommitProperties
 
     began = time.perf_counter()
-    dt = DeltaTable(uri)
+    dt = DeltaTable(uri, storage_options=objstore.storage_options(uri))
     ensure_properties(uri, cfg, dt)  # the log retention the clean-up below goes by
     metrics = dt.optimize.compact(
         target_size=cfg.target_file_mb << 20, max_concurrent_tasks=tasks,
@@ -85,7 +86,7 @@ def compact(uri: str, cfg: MaintenanceConfig, tasks: int = 1) -> StepResult:
     )
     dt.create_checkpoint()
     dt.cleanup_metadata()
-    return StepResult("compact", Path(uri).name, time.perf_counter() - began,
+    return StepResult("compact", _name(uri), time.perf_counter() - began,
                       int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)))
 
 
@@ -95,11 +96,15 @@ def vacuum(uri: str, cfg: MaintenanceConfig) -> StepResult:
     from deltalake.transaction import CommitProperties
 
     began = time.perf_counter()
-    deleted = DeltaTable(uri).vacuum(
+    deleted = DeltaTable(uri, storage_options=objstore.storage_options(uri)).vacuum(
         retention_hours=cfg.vacuum_retention_h, dry_run=False, enforce_retention_duration=False, full=True,
         commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "vacuum"}),
     )
-    return StepResult("vacuum", Path(uri).name, time.perf_counter() - began, len(deleted))
+    return StepResult("vacuum", _name(uri), time.perf_counter() - began, len(deleted))
+
+
+def _name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1] if objstore.is_remote(uri) else Path(uri).name
 
 
 STEPS: dict[str, Callable[[str, MaintenanceConfig], StepResult]] = {"compact": compact, "vacuum": vacuum}
@@ -109,7 +114,7 @@ def maintain_all(root: str, tables: Sequence[str], cfg: MaintenanceConfig) -> li
     """Every step on every table once (``faultwatch maintain``); a failure is reported, not raised."""
     out = []
     for name in tables:
-        uri = str(Path(root) / name)
+        uri = objstore.join(root, name)
         ensure_properties(uri, cfg)
         for step in STEPS:
             out.append(_run(step, uri, cfg))
@@ -122,7 +127,7 @@ def _run(step: str, uri: str, cfg: MaintenanceConfig) -> StepResult:
         return STEPS[step](uri, cfg)
     except Exception as exc:  # upkeep must not stop the job: said in the log and the progress line
         log.warning("maintenance: %s of %s failed", step, uri, exc_info=True)
-        return StepResult(step, Path(uri).name, time.perf_counter() - began, error=f"{type(exc).__name__}: {exc}")
+        return StepResult(step, _name(uri), time.perf_counter() - began, error=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -139,27 +144,24 @@ class Maintainer:
         self.root = root
         self.tables = list(tables)
         self.cfg = cfg
-        self.state_path = Path(state_path) if state_path else None
+        self.state_path = state_path
         self.clock = clock
         self.schedule = self._load()
         self.last_step: str | None = None
         for name in self.tables:
-            ensure_properties(str(Path(root) / name), cfg)
+            ensure_properties(objstore.join(root, name), cfg)
 
     def _load(self) -> dict[str, _TableSchedule]:
         held: dict[str, Any] = {}
-        if self.state_path is not None and self.state_path.exists():
-            held = json.loads(self.state_path.read_text())
+        if self.state_path is not None and objstore.exists(self.state_path):
+            held = json.loads(objstore.read_text(self.state_path))
         now = self.clock()
         return {name: _TableSchedule(**held[name]) if name in held else _TableSchedule(0, now) for name in self.tables}
 
     def _save(self) -> None:
         if self.state_path is None:
             return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        tmp.write_text(json.dumps({name: asdict(s) for name, s in self.schedule.items()}))
-        tmp.replace(self.state_path)
+        objstore.write_text(self.state_path, json.dumps({name: asdict(s) for name, s in self.schedule.items()}))
 
     def due(self) -> tuple[str, str] | None:
         """(step, table) to run now, or None: the table most overdue for its step; when both a
@@ -185,7 +187,7 @@ class Maintainer:
         result = None
         if due is not None:
             step, name = due
-            result = _run(step, str(Path(self.root) / name), self.cfg)
+            result = _run(step, objstore.join(self.root, name), self.cfg)
             self.last_step = step
             if step == "compact":
                 self.schedule[name].batches = 0

@@ -111,4 +111,20 @@ if [ "$target" = "test" ]; then
 elif command -v mvn >/dev/null 2>&1; then
   "$VENV/bin/python" -m streaming.deltaspark || say "no delta-spark jars (the job runs with the deltalake writer)"
 fi
+# 8. An S3-compatible server for the object-storage tests (tests/integration/s3_server.py): Versity's
+#    S3 gateway (Apache-2.0), built from its Go module through the Go module proxy (~1 min of 2 cores)
+#    into ~/.cache/faultwatch/bin; the module's sources stay in Go's module cache. Then Hadoop's S3A
+#    jars for Spark's checkpoints on s3:// (streaming/s3a.py), fetched into ~/.m2. Both once.
+VERSITYGW_VERSION="v1.8.0"
+gw_bin="${XDG_CACHE_HOME:-$HOME/.cache}/faultwatch/bin"
+if [ "$target" = "test" ] && [ ! -x "$gw_bin/versitygw" ]; then
+  command -v go >/dev/null 2>&1 || apt_install golang-go || die "building the tests' S3 server needs Go: apt-get install golang-go"
+  say "building Versity's S3 gateway $VERSITYGW_VERSION (the S3 tests' server; first time: about a minute)"
+  mkdir -p "$gw_bin"
+  GOBIN="$gw_bin" GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+    || die "could not build versitygw $VERSITYGW_VERSION with Go (the S3 tests' server)"
+fi
+if [ "$target" = "test" ]; then
+  "$VENV/bin/python" -m streaming.s3a || die "could not resolve hadoop-aws and the AWS SDK modules through Maven"
+fi
 say "ready ($target)"

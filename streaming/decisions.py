@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from pipeline import objstore
 from pipeline.config import Config
 from pipeline.faults.cluster import ClusterState, cluster_step, from_json, loads, to_json
 from streaming.delta_sink import DataFile, write_table_files
@@ -33,7 +34,8 @@ class ClusterDecisions:
     def __init__(self, cfg: Config, checkpoint: str, file_tag: str) -> None:
         self.cfg = cfg
         self.root = cfg.storage.root
-        self.folder = Path(checkpoint) / FOLDER
+        # a local Path (its calls are the fast path), or the URI on object storage
+        self.folder: Any = objstore.join(checkpoint, FOLDER) if objstore.is_remote(checkpoint) else Path(checkpoint) / FOLDER
         self.file_tag = file_tag
         self._saved: tuple[int, dict[str, ClusterState], int] | None = None  # (batch id, states, settle)
 
@@ -46,6 +48,8 @@ class ClusterDecisions:
         """The state after the newest batch before ``batch_id`` (and its settle point)."""
         if self._saved is not None and self._saved[0] == batch_id - 1:
             return dict(self._saved[1]), self._saved[2]
+        if isinstance(self.folder, str):  # on object storage
+            return self._load_remote(batch_id)
         if not self.folder.exists():
             return {}, 0
         ids = sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit() and int(p.stem) < batch_id)
@@ -55,10 +59,24 @@ class ClusterDecisions:
         clusters = doc["clusters"]  # a JSON text inside the document before 2026-11-26
         return loads(clusters) if isinstance(clusters, str) else from_json(clusters), int(doc["settle_ms"])
 
+    def _load_remote(self, batch_id: int) -> tuple[dict[str, ClusterState], int]:
+        names = [n.removesuffix(".json") for n in objstore.list_names(str(self.folder)) if n.endswith(".json")]
+        ids = sorted(int(n) for n in names if n.isdigit() and int(n) < batch_id)
+        if not ids:
+            return {}, 0
+        doc = orjson.loads(objstore.read_text(objstore.join(str(self.folder), f"{ids[-1]}.json")))
+        return from_json(doc["clusters"]), int(doc["settle_ms"])
+
     def _save(self, batch_id: int, states: dict[str, ClusterState], settle: int) -> None:
+        doc = orjson.dumps({"clusters": to_json(states), "settle_ms": settle}, option=orjson.OPT_SORT_KEYS)
+        if isinstance(self.folder, str):  # on object storage
+            objstore.write_text(objstore.join(self.folder, f"{batch_id}.json"), doc.decode())
+            objstore.remove(objstore.join(self.folder, f"{batch_id - KEEP}.json"))
+            self._saved = (batch_id, dict(states), settle)
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".{batch_id}.json.tmp"
-        tmp.write_bytes(orjson.dumps({"clusters": to_json(states), "settle_ms": settle}, option=orjson.OPT_SORT_KEYS))
+        tmp.write_bytes(doc)
         os.replace(tmp, self.folder / f"{batch_id}.json")
         (self.folder / f"{batch_id - KEEP}.json").unlink(missing_ok=True)
         self._saved = (batch_id, dict(states), settle)

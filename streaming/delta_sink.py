@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline import objstore
 from pipeline.config import Config, ConfigError
 from pipeline.maintenance import Maintainer
 from schemas.tables import ROUTE_COLUMN, table
@@ -64,10 +65,7 @@ _LOADED: dict[str, tuple[Any, int | None]] = {}
 
 def _commit_stamp(path: str, version: int) -> int | None:
     """The modification time (ns) of a table's commit file for ``version``; None if it is gone."""
-    try:
-        return (Path(path) / "_delta_log" / f"{version:020d}.json").stat().st_mtime_ns
-    except OSError:
-        return None
+    return objstore.mtime_ns(objstore.join(path, "_delta_log", f"{version:020d}.json"))
 
 
 @dataclass(frozen=True)
@@ -112,13 +110,16 @@ def ensure_tables(root: str, names: Sequence[str], schema_changes: str = "evolve
 
     for name in names:
         spec = table(name)
-        path = str(Path(root) / name)
+        path = objstore.join(root, name)
+        options = objstore.storage_options(path)
         try:
-            DeltaTable(path)
+            DeltaTable(path, storage_options=options)
         except TableNotFoundError:
-            Path(path).mkdir(parents=True, exist_ok=True)
+            if not objstore.is_remote(path):
+                Path(path).mkdir(parents=True, exist_ok=True)
             DeltaTable.create(
-                path, schema=spec.arrow_schema(), mode="ignore", partition_by=list(spec.partition_by) or None
+                path, schema=spec.arrow_schema(), mode="ignore", partition_by=list(spec.partition_by) or None,
+                storage_options=options,
             )
             continue
         reconcile_schema(path, name, spec.arrow_schema(), schema_changes)
@@ -155,10 +156,14 @@ def write_table_files(
     for i, (values, part) in enumerate(groups):
         subdir = "/".join(f"{k}={v}" for k, v in values.items())
         rel = (subdir + "/" if subdir else "") + f"{stem(i)}.zstd.parquet"
+        data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
+        if objstore.is_remote(root):
+            size = _write_remote(objstore.join(root, name, rel), data, keep_existing)
+            out.append(DataFile(name, rel, size, values, part.num_rows, file_stats(data)))
+            continue
         full = Path(root) / name / rel
         full.parent.mkdir(parents=True, exist_ok=True)
         # Partition columns are not stored in the files (the Delta protocol keeps them in the log).
-        data = part.drop_columns(list(spec.partition_by)) if spec.partition_by else part
         if not (keep_existing and _stamp_anew(full)):
             target = full.with_name(f".{full.name}.{uuid.uuid4().hex}.tmp") if keep_existing else full
             pq.write_table(data, target, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
@@ -166,6 +171,21 @@ def write_table_files(
                 os.replace(target, full)
         out.append(DataFile(name, rel, full.stat().st_size, values, part.num_rows, file_stats(data)))
     return out
+
+
+def _write_remote(uri: str, data: pa.Table, keep_existing: bool) -> int:
+    """Write one data file on object storage; its size. An object appears whole when its upload
+    completes, so no file is written aside. A file kept for a replayed batch cannot have its time
+    set there: VACUUM runs only between the job's micro-batches, after the replayed one commits."""
+    import pyarrow.fs as pa_fs
+
+    fs, key = objstore.filesystem(uri)
+    if keep_existing:
+        info = fs.get_file_info(key)
+        if info.type == pa_fs.FileType.File:
+            return int(info.size)
+    pq.write_table(data, key, filesystem=fs, compression="zstd", dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
+    return int(fs.get_file_info(key).size)
 
 
 def _stamp_anew(path: Path) -> bool:
@@ -301,7 +321,7 @@ class RoutedDeltaWriter:
         """
         from deltalake import DeltaTable
 
-        path = str(Path(self.root) / name)
+        path = objstore.join(self.root, name)
         held = _LOADED.get(path)
         if held is not None and _commit_stamp(path, held[0].version()) == held[1]:
             dt = held[0]
@@ -311,7 +331,7 @@ class RoutedDeltaWriter:
                 return dt
             except Exception:  # its log is unreadable from there: load it anew
                 log.info("reloading %s", path, exc_info=True)
-        dt = DeltaTable(path)
+        dt = DeltaTable(path, storage_options=objstore.storage_options(path))
         _LOADED[path] = (dt, _commit_stamp(path, dt.version()))
         return dt
 
@@ -347,7 +367,7 @@ class RoutedDeltaWriter:
                 ),
             )
         except Exception:
-            _LOADED.pop(str(Path(self.root) / name), None)  # next time, load it anew
+            _LOADED.pop(objstore.join(self.root, name), None)  # next time, load it anew
             raise
         return name, sum(f.num_records for f in mine)
 
@@ -359,7 +379,7 @@ class RoutedDeltaWriter:
             for m in messages:
                 for f in m.files if m is not None else []:
                     if f.table == name:
-                        (Path(self.root) / name / f.path).unlink(missing_ok=True)
+                        objstore.remove(objstore.join(self.root, name, f.path))
 
     def discard(self, batch_id: int) -> None:
         """After a failed write job: delete this query's files of ``batch_id`` (found by name) in
@@ -369,8 +389,7 @@ class RoutedDeltaWriter:
         for name in self.tables:
             if self._holds(self._table(name), batch_id):
                 continue
-            for path in (Path(self.root) / name).rglob(prefix + "*"):
-                path.unlink(missing_ok=True)
+            objstore.remove_prefixed(objstore.join(self.root, name), prefix)
 
     def batch_function(self) -> Any:
         """The ``foreachBatch`` function: one write job over the batch, then the commits."""
@@ -417,6 +436,10 @@ def _check_columns(dt: Any, name: str, columns: Sequence[str]) -> None:
 
 def _write_report(folder: str, batch_id: int, counts: dict[str, Any]) -> None:
     """Rows committed per table in this batch, for the progress line of ``faultwatch stream``."""
+    if objstore.is_remote(folder):
+        objstore.write_text(objstore.join(folder, f"{batch_id}.json"), json.dumps(counts))
+        objstore.remove(objstore.join(folder, f"{batch_id - 1000}.json"))  # keep the last thousand
+        return
     Path(folder).mkdir(parents=True, exist_ok=True)
     tmp = Path(folder) / f".{batch_id}.json.tmp"
     tmp.write_text(json.dumps(counts))
@@ -426,7 +449,7 @@ def _write_report(folder: str, batch_id: int, counts: dict[str, Any]) -> None:
 
 def read_report(folder: str, batch_id: int) -> dict[str, Any] | None:
     try:
-        return dict(json.loads((Path(folder) / f"{batch_id}.json").read_text()))
+        return dict(json.loads(objstore.read_text(objstore.join(folder, f"{batch_id}.json"))))
     except FileNotFoundError:
         return None
 
@@ -452,7 +475,7 @@ def write_routed(
         check_layout(checkpoint, name, layout, keys)
     maintainer = None
     if cfg.maintenance.enabled:
-        maintainer = Maintainer(cfg.storage.root, tables, cfg.maintenance, str(Path(checkpoint) / MAINTENANCE_FILE))
+        maintainer = Maintainer(cfg.storage.root, tables, cfg.maintenance, objstore.join(checkpoint, MAINTENANCE_FILE))
     writer_class = RoutedDeltaWriter
     if cfg.storage.writer == "delta-spark":  # Delta's own Spark writer commits (streaming/delta_spark_sink.py)
         from streaming.delta_spark_sink import DeltaSparkWriter
@@ -463,7 +486,7 @@ def write_routed(
     return (
         df.writeStream.foreachBatch(writer.batch_function())
         .queryName(name)
-        .option("checkpointLocation", checkpoint)
+        .option("checkpointLocation", objstore.hadoop_uri(checkpoint))
         .outputMode("append")
     )
 
@@ -477,10 +500,11 @@ def check_checkpoint_matches(root: str, tables: Sequence[str], checkpoint: str, 
     """
     from deltalake import DeltaTable
 
-    if (Path(checkpoint) / "metadata").exists():
+    if objstore.exists(objstore.join(checkpoint, "metadata")):
         return
     for name in tables:
-        done = DeltaTable(str(Path(root) / name)).transaction_version(app)
+        path = objstore.join(root, name)
+        done = DeltaTable(path, storage_options=objstore.storage_options(path)).transaction_version(app)
         if done is not None:
             raise ConfigError(
                 f"checkpoint {checkpoint} is new, but table {name} under storage.root already holds "
@@ -507,7 +531,8 @@ def check_other_writers(cfg: Config, name: str, tables: Sequence[str]) -> None:
     for table_name in tables:
         if table_name == "quarantine":  # every query writes its own stage's rejects there
             continue
-        dt = DeltaTable(str(Path(cfg.storage.root) / table_name))
+        path = objstore.join(cfg.storage.root, table_name)
+        dt = DeltaTable(path, storage_options=objstore.storage_options(path))
         for other in QUERIES:
             if other != name and dt.transaction_version(app_id(cfg, other)) is not None:
                 raise ConfigError(
@@ -530,10 +555,10 @@ def check_layout(checkpoint: str, name: str, layout: int | None, keys: Mapping[s
     None: the query has no layout number (only ``keys`` are checked). A checkpoint marked before
     key settings were recorded takes today's as its own.
     """
-    marker = Path(checkpoint) / LAYOUT_FILE
+    marker = objstore.join(checkpoint, LAYOUT_FILE)
     wanted = dict(keys or {})
-    if (Path(checkpoint) / "metadata").exists():
-        found: dict[str, Any] = json.loads(marker.read_text()) if marker.exists() else {"layout": 0}
+    if objstore.exists(objstore.join(checkpoint, "metadata")):
+        found: dict[str, Any] = json.loads(objstore.read_text(marker)) if objstore.exists(marker) else {"layout": 0}
         if layout is not None and found.get("layout") != layout:
             raise ConfigError(
                 f"checkpoint {checkpoint} holds query {name!r}'s state in layout {found.get('layout')}, "
@@ -544,7 +569,7 @@ def check_layout(checkpoint: str, name: str, layout: int | None, keys: Mapping[s
         held = found.get("keys")
         if held is None:
             if wanted:
-                marker.write_text(json.dumps({**found, "query": name, "keys": wanted}))
+                _write_marker(marker, json.dumps({**found, "query": name, "keys": wanted}))
             return
         for setting, value in wanted.items():
             if setting in held and held[setting] != value:
@@ -555,9 +580,16 @@ def check_layout(checkpoint: str, name: str, layout: int | None, keys: Mapping[s
                     "point storage.root and storage.checkpoint_root elsewhere) to rebuild them from Kafka."
                 )
         return
-    marker.parent.mkdir(parents=True, exist_ok=True)
     # a query without a layout number is layout 0, as a checkpoint marked before layouts were
-    marker.write_text(json.dumps({"query": name, "layout": 0 if layout is None else layout, "keys": wanted}))
+    _write_marker(marker, json.dumps({"query": name, "layout": 0 if layout is None else layout, "keys": wanted}))
+
+
+def _write_marker(path: str, text: str) -> None:
+    if objstore.is_remote(path):
+        objstore.write_text(path, text)
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
 
 
 def app_id(cfg: Config, name: str) -> str:
@@ -571,8 +603,8 @@ def file_tag(app_id: str) -> str:
 
 
 def checkpoint_dir(cfg: Config, name: str) -> str:
-    return str(Path(cfg.storage.checkpoint_root) / name)
+    return objstore.join(cfg.storage.checkpoint_root, name)
 
 
 def report_dir(checkpoint: str) -> str:
-    return str(Path(checkpoint) / "faultwatch-reports")
+    return objstore.join(checkpoint, "faultwatch-reports")

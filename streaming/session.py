@@ -197,6 +197,10 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         builder = builder.config(key, value)
     if is_local_path(cfg.storage.checkpoint_root):
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
+    from streaming.s3a import spark_conf as s3a_conf
+
+    for key, value in s3a_conf(cfg.storage.root, cfg.storage.checkpoint_root).items():  # s3:// roots only
+        builder = builder.config(key, value)
     for key, value in cfg.spark.conf.items():  # [spark.conf] may set any of the above
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline import objstore
 from pipeline.config import Config
 from pipeline.deltaio import table_uri
 from schemas.tables import table
@@ -130,9 +131,9 @@ def committed_version(root: str, name: str, app_id: str) -> int | None:
     from deltalake import DeltaTable
 
     uri = table_uri(root, name)
-    if not DeltaTable.is_deltatable(uri):
+    if not DeltaTable.is_deltatable(uri, storage_options=objstore.storage_options(uri)):
         return None
-    version = DeltaTable(uri).transaction_version(app_id)
+    version = DeltaTable(uri, storage_options=objstore.storage_options(uri)).transaction_version(app_id)
     return None if version is None else int(version)
 
 
@@ -146,14 +147,14 @@ def open_table(root: str, name: str) -> Any:
     from deltalake.exceptions import DeltaError
 
     uri = table_uri(root, name)
-    if not DeltaTable.is_deltatable(uri):
+    if not DeltaTable.is_deltatable(uri, storage_options=objstore.storage_options(uri)):
         try:
-            DeltaTable.create(uri, schema=table(name).arrow_schema(), mode="ignore",
+            DeltaTable.create(uri, schema=table(name).arrow_schema(), mode="ignore", storage_options=objstore.storage_options(uri),
                               partition_by=list(table(name).partition_by) or None)
         except DeltaError:  # another writer created it at the same moment
-            if not DeltaTable.is_deltatable(uri):
+            if not DeltaTable.is_deltatable(uri, storage_options=objstore.storage_options(uri)):
                 raise
-    return DeltaTable(uri)
+    return DeltaTable(uri, storage_options=objstore.storage_options(uri))
 
 
 def append_once(root: str, name: str, rows: list[dict[str, Any]], app_id: str, version: int) -> bool:
@@ -195,6 +196,7 @@ def _append(root: str, name: str, rows: list[dict[str, Any]], commit: Any, snaps
     write_deltalake(
         table_uri(root, name) if snapshot is None else snapshot,
         data,
+        storage_options=objstore.storage_options(root) if snapshot is None else None,
         mode="append",
         partition_by=list(spec.partition_by) or None,
         schema_mode="merge",  # tables written before a nullable column was declared gain it

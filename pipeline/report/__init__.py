@@ -19,7 +19,10 @@ __all__ = ["ReportData", "build_html", "default_report_path", "load_report_data"
 
 
 def default_report_path(storage_root: str) -> Path:
-    """``<storage.root>/../report/faultwatch-report.html`` (next to the tables, not inside them)."""
+    """``<storage.root>/../report/faultwatch-report.html`` (next to the tables, not inside them);
+    ``report/faultwatch-report.html`` in the working directory when the tables are on object storage."""
+    if "://" in storage_root:
+        return Path("report") / "faultwatch-report.html"
     return Path(storage_root).resolve().parent / "report" / "faultwatch-report.html"
 
 

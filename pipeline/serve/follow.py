@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.fs as pa_fs
 
+from pipeline import objstore
 from pipeline.deltaio import table_uri
 from schemas.errors import FaultwatchError
 
@@ -115,10 +116,10 @@ class TableFollower:
 
         # Checked on every refresh: a followed table's update_incremental() succeeds on a directory
         # that has gone away, which would keep serving the old view as if it were current.
-        if not DeltaTable.is_deltatable(self.uri):
+        if not DeltaTable.is_deltatable(self.uri, storage_options=objstore.storage_options(self.uri)):
             raise TableMissing(f"table {self.name} does not exist")
         if self._dt is None:
-            self._dt = DeltaTable(self.uri)
+            self._dt = DeltaTable(self.uri, storage_options=objstore.storage_options(self.uri))
         else:
             self._dt.update_incremental()
         version = int(self._dt.version())
@@ -167,5 +168,5 @@ def short_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
 def _filesystem(uri: str) -> pa_fs.FileSystem:
     if "://" not in uri:
         return pa_fs.SubTreeFileSystem(uri, pa_fs.LocalFileSystem())
-    raw, path = pa_fs.FileSystem.from_uri(uri)
+    raw, path = objstore.filesystem(uri)
     return pa_fs.SubTreeFileSystem(path, raw)
