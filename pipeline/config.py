@@ -213,10 +213,10 @@ class MaintenanceConfig:
     # A table is vacuumed this often: files no log version within the retention references are deleted
     # (compacted-away files and the orphans of failed or replayed micro-batches).
     vacuum_interval_s: float = 3600.0
-    vacuum_retention_h: int = 24
+    vacuum_retention_h: float = 24.0
     # Commit files older than this are deleted once a checkpoint as old follows them
     # (delta.logRetentionDuration); time travel reaches back this far, as VACUUM allows.
-    log_retention_h: int = 24
+    log_retention_h: float = 24.0
 
     def validate(self) -> None:
         _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
