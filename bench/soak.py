@@ -17,8 +17,8 @@ publisher's last cycle time; the event time the tables reached; the CPU each pro
 stops after ``--minutes`` or ``--batches`` micro-batches, whichever comes first, then prints a table
 of the point after the first tenth of the run against the last one, with each figure's ratio and
 PASS or FAIL against the goal (within 1.5x). Two soaks may run at once: each has its own work
-directory and free ports. ``--jvm production`` gives the Spark JVMs
-C2 and the G1 collector instead of the dev machine's quick JIT and serial collector.
+directory and free ports. ``--jvm`` is the job's ``[spark] jvm``: production gives the Spark JVMs
+C2 and the G1 collector instead of the quick JIT and the serial collector.
 Figures: docs/performance.md.
 """
 
@@ -47,7 +47,6 @@ from pipeline.config import Config
 BIN = Path(sys.executable).parent
 BATCH = re.compile(r"\[(\w+)\] batch (\d+): in=(\d+).*?(?: state=(\d+) rows/([\d.]+)MiB)? \(([\d.]+)s\)(?: maintenance: (.*))?$")
 STEP_SECONDS = re.compile(r"([\d.]+)s$")
-PRODUCTION_JVM = "-XX:+UseG1GC"  # C2 on (no TieredStopAtLevel), G1
 GOAL = 1.5  # the last point within this many times the one after the first tenth
 NEWEST = re.compile(r'^faultwatch_table_newest_event_timestamp_seconds\{table="send_results"\} ([\d.e+-]+)$', re.MULTILINE)
 
@@ -86,7 +85,6 @@ class Watch:
 
 
 def write_config(path: Path, work: Path, bootstrap: str, port: int, args: argparse.Namespace) -> Config:
-    jvm = "" if args.jvm == "dev" else f'"spark.driver.extraJavaOptions" = "{PRODUCTION_JVM}"\n'
     text = f"""[kafka]
 bootstrap_servers = "{bootstrap}"
 [storage]
@@ -106,8 +104,9 @@ max_input_age_s = {max(2 * 86400.0, 1.2 * args.speed * (args.minutes + 1) * 60 +
 [serve]
 port = {port}
 refresh_interval_s = 10.0
-[spark.conf]
-{jvm}"""
+[spark]
+jvm = "{args.jvm}"
+"""
     path.write_text(text)
     from pipeline.config import load_config
 
