@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -323,6 +324,7 @@ def main() -> None:
         pub.start()
         points = []
         began = time.monotonic()
+        signal.signal(signal.SIGTERM, _interrupt)  # a soak started in the background ignores SIGINT
         try:
             done = False
             while not done:
@@ -338,6 +340,8 @@ def main() -> None:
                 points.append(point(time.monotonic() - began, Path(cfg.storage.root), watch, pids, port, cycles,
                                     epoch / 1000))
                 show(points[-1])
+        except KeyboardInterrupt:
+            print("stopped early: the table compares the points so far", flush=True)
         finally:
             stop.set()
             for proc in procs.values():
@@ -351,6 +355,10 @@ def main() -> None:
         compare(points)
         (work / "points.json").write_text(json.dumps(points))
         print(f"points: {work / 'points.json'}")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _own_rss() -> int:
