@@ -4,7 +4,7 @@
                                    [--scenario demo] [--no-maintenance] [--jvm dev|production]
                                    [--retention-h 1] [--label NAME]
 
-Starts a local broker (Tansu); the simulator, accelerated (``--speed`` virtual seconds per wall
+Starts a local broker (Apache Kafka, or Tansu: ``--broker``); the simulator, accelerated (``--speed`` virtual seconds per wall
 second), starting far enough in the past that event time reaches the wall clock when the run ends
 (so no event is stamped in the future and the publisher's clock stays the wall clock);
 ``faultwatch stream`` (the default job, its ``[maintenance]`` on unless ``--no-maintenance``) and
@@ -154,7 +154,7 @@ def serve_figures(port: int) -> tuple[float | None, float | None]:
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process and its live descendants, and of the children they
-    have waited for."""
+    have reaped (each ended process counted once, by the one that waited for it)."""
     import psutil
 
     try:
@@ -166,7 +166,7 @@ def tree_cpu_s(pid: int) -> float:
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system + (t.children_user + t.children_system if p is root else 0.0)
+            total += t.user + t.system + t.children_user + t.children_system  # and the children it reaped
         except psutil.NoSuchProcess:
             pass
     return total
@@ -294,8 +294,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=0, help="stop after this many micro-batches (0: no limit)")
     ap.add_argument("--retention-h", type=float, default=1.0, help="vacuum and log retention, hours")
     ap.add_argument("--label", default="", help="a name for this run in its output")
+    ap.add_argument("--broker", choices=["apache", "tansu"], default="apache",
+                    help="Apache Kafka (as production) or Tansu (the demo's broker, in memory)")
     ap.add_argument("--jvm", choices=["dev", "production"], default="dev")
     args = ap.parse_args()
+    from pipeline.kafka_apache import apache_kafka
     from pipeline.kafka_local import free_port, start_local_kafka
 
     work = Path(tempfile.mkdtemp(prefix="faultwatch-soak-"))
@@ -305,8 +308,9 @@ def main() -> None:
           f"scenario {args.scenario}, trigger {args.trigger_s}s, maintenance "
           f"{'off' if args.no_maintenance else f'every {args.compact_every} batches / {args.vacuum_every_s:.0f}s'}, "
           f"JVM {args.jvm}, retention {args.retention_h} h, stop at {args.batches or '-'} micro-batches; "
-          f"label {args.label or '-'}; work dir {work}", flush=True)
-    with start_local_kafka(topics=Config().topics.all()) as kafka:
+          f"broker {args.broker}; label {args.label or '-'}; work dir {work}", flush=True)
+    topics = Config().topics.all()
+    with (apache_kafka(topics=topics) if args.broker == "apache" else start_local_kafka(topics=topics)) as kafka:
         port = free_port()
         conf = work / "faultwatch.toml"
         cfg = write_config(conf, work, kafka.bootstrap, port, args)
