@@ -1,9 +1,10 @@
 """A long run of the live job with the publisher and ``serve`` beside it: do its figures stay flat?
 
-    .venv/bin/python bench/soak.py [--minutes 40] [--speed 30] [--trigger-s 2] [--every-s 120]
+    .venv/bin/python bench/soak.py [--minutes 40] [--batches N] [--speed 30] [--trigger-s 2] [--every-s 120]
                                    [--scenario demo] [--no-maintenance] [--jvm dev|production]
+                                   [--retention-h 1] [--label NAME]
 
-Starts a local broker (Tansu); the simulator, accelerated (``--speed`` virtual seconds per wall
+Starts a local broker (Apache Kafka, or Tansu: ``--broker``); the simulator, accelerated (``--speed`` virtual seconds per wall
 second), starting far enough in the past that event time reaches the wall clock when the run ends
 (so no event is stamped in the future and the publisher's clock stays the wall clock);
 ``faultwatch stream`` (the default job, its ``[maintenance]`` on unless ``--no-maintenance``) and
@@ -12,9 +13,12 @@ second), starting far enough in the past that event time reaches the wall clock 
 their bytes and the commit files after the log's last checkpoint (what a reader replays); the
 job's state; the resident memory of each process tree; the micro-batches since the last point
 (count, p50 and max duration, maintenance steps and their longest); serve's last refresh time; the
-publisher's last cycle time. At the end it compares the last point with the one
-after the first tenth of the run (the goal: within 1.5x). ``--jvm production`` gives the Spark JVMs
-C2 and the G1 collector instead of the dev machine's quick JIT and serial collector.
+publisher's last cycle time; the event time the tables reached; the CPU each process tree used. It
+stops after ``--minutes`` or ``--batches`` micro-batches, whichever comes first, then prints a table
+of the point after the first tenth of the run against the last one, with each figure's ratio and
+PASS or FAIL against the goal (within 1.5x). Two soaks may run at once: each has its own work
+directory and free ports. ``--jvm`` is the job's ``[spark] jvm``: production gives the Spark JVMs
+C2 and the G1 collector instead of the quick JIT and the serial collector.
 Figures: docs/performance.md.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +48,8 @@ from pipeline.config import Config
 BIN = Path(sys.executable).parent
 BATCH = re.compile(r"\[(\w+)\] batch (\d+): in=(\d+).*?(?: state=(\d+) rows/([\d.]+)MiB)? \(([\d.]+)s\)(?: maintenance: (.*))?$")
 STEP_SECONDS = re.compile(r"([\d.]+)s$")
-PRODUCTION_JVM = "-XX:+UseG1GC"  # C2 on (no TieredStopAtLevel), G1
+GOAL = 1.5  # the last point within this many times the one after the first tenth
+NEWEST = re.compile(r'^faultwatch_table_newest_event_timestamp_seconds\{table="send_results"\} ([\d.e+-]+)$', re.MULTILINE)
 
 
 @dataclass
@@ -56,6 +62,7 @@ class Watch:
     total_batches: int = 0
     events: int = 0
     state: str = "-"
+    state_mib: float = float("nan")
 
     def line(self, text: str) -> None:
         m = BATCH.search(text.strip())
@@ -67,6 +74,7 @@ class Watch:
             self.batches.append(float(m.group(6)))
             if m.group(4):
                 self.state = f"{int(m.group(4)):,} rows/{float(m.group(5)):.1f} MiB"
+                self.state_mib = float(m.group(5))
             if m.group(7):
                 self.steps.append(m.group(7))
 
@@ -78,7 +86,6 @@ class Watch:
 
 
 def write_config(path: Path, work: Path, bootstrap: str, port: int, args: argparse.Namespace) -> Config:
-    jvm = "" if args.jvm == "dev" else f'"spark.driver.extraJavaOptions" = "{PRODUCTION_JVM}"\n'
     text = f"""[kafka]
 bootstrap_servers = "{bootstrap}"
 [storage]
@@ -91,15 +98,16 @@ trigger_interval_s = {args.trigger_s}
 enabled = {'false' if args.no_maintenance else 'true'}
 compact_every_batches = {args.compact_every}
 vacuum_interval_s = {args.vacuum_every_s}
-vacuum_retention_h = 1
-log_retention_h = 1
+vacuum_retention_h = {args.retention_h}
+log_retention_h = {args.retention_h}
 [policy]
-max_input_age_s = {2 * 86400.0}
+max_input_age_s = {max(2 * 86400.0, 1.2 * args.speed * (args.minutes + 1) * 60 + 3600)}
 [serve]
 port = {port}
 refresh_interval_s = 10.0
-[spark.conf]
-{jvm}"""
+[spark]
+jvm = "{args.jvm}"
+"""
     path.write_text(text)
     from pipeline.config import load_config
 
@@ -132,14 +140,36 @@ def _since_checkpoint(log: Path) -> int:
     return sum(1 for p in log.glob("*.json") if int(p.name[:20]) > last)
 
 
-def serve_refresh_s(port: int) -> float | None:
+def serve_figures(port: int) -> tuple[float | None, float | None]:
+    """serve's last refresh time (s) and the event time (epoch s) of the newest send result."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
-        return None
+        return None, None
     m = re.search(r"^faultwatch_serve_refresh_duration_seconds ([\d.e+-]+)$", text, re.MULTILINE)
-    return float(m.group(1)) if m else None
+    newest = [float(v) for v in NEWEST.findall(text)]
+    return (float(m.group(1)) if m else None), (max(newest) if newest else None)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants, and of the children they
+    have reaped (each ended process counted once, by the one that waited for it)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system  # and the children it reaped
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def publisher(cfg: Config, stop: threading.Event, cycles: list[tuple[float, str]]) -> None:
@@ -174,15 +204,21 @@ def start(args: list[str], log: Path, on_line: Any = None) -> subprocess.Popen[s
 
 
 def point(elapsed: float, root: Path, watch: Watch, procs: dict[str, int], port: int,
-          cycles: list[tuple[float, str]]) -> dict[str, Any]:
+          cycles: list[tuple[float, str]], epoch_s: float) -> dict[str, Any]:
     took, steps = watch.take()
     step_s = [float(m.group(1)) for s in steps if (m := STEP_SECONDS.search(s))]
     sizes = table_sizes(root) if root.exists() else {}
+    refresh, newest = serve_figures(port)
+    import os
+
     return {
         "minutes": elapsed / 60, "batches": watch.total_batches, "events": watch.events, "state": watch.state,
+        "state_mib": watch.state_mib, "load": os.getloadavg()[0],
+        "event_h": (newest - epoch_s) / 3600 if newest else 0.0,
+        "cpu_s": {name: tree_cpu_s(pid) for name, pid in procs.items()},
         "batch_n": len(took), "batch_p50": statistics.median(took) if took else float("nan"),
         "batch_max": max(took, default=float("nan")), "steps": len(steps), "step_max": max(step_s, default=0.0),
-        "rss": {name: tree_rss(pid) for name, pid in procs.items()} | {"bench+publisher": _own_rss()}, "serve_refresh": serve_refresh_s(port),
+        "rss": {name: tree_rss(pid) for name, pid in procs.items()} | {"bench+publisher": _own_rss()}, "serve_refresh": refresh,
         "cycle": cycles[-1] if cycles else None, "files": sum(v[0] for v in sizes.values()),
         "bytes": sum(v[1] for v in sizes.values()), "commits": sum(v[2] for v in sizes.values()),
         "live_files": sum(v[3] for v in sizes.values()), "tables": sizes,
@@ -193,34 +229,56 @@ def show(p: dict[str, Any]) -> None:
     rss = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in p["rss"].items())
     cycle = f"{p['cycle'][0]:.1f}s ({p['cycle'][1]})" if p["cycle"] else "-"
     refresh = f"{p['serve_refresh']:.2f}s" if p["serve_refresh"] is not None else "-"
-    print(f"[{p['minutes']:5.1f} min] batches {p['batches']} (+{p['batch_n']}: p50 {p['batch_p50']:.2f}s, "
+    cpu = ", ".join(f"{k} {v:,.0f}" for k, v in p["cpu_s"].items())
+    print(f"[{p['minutes']:5.1f} min, load {p['load']:.1f}, {p['event_h']:.1f} h of event time] "
+          f"batches {p['batches']} (+{p['batch_n']}: p50 {p['batch_p50']:.2f}s, "
           f"max {p['batch_max']:.2f}s; {p['steps']} upkeep steps, longest {p['step_max']:.2f}s), "
           f"{p['events']:,} events; state {p['state']}; files {p['live_files']} live/{p['files']} on disk, "
           f"{p['bytes'] / 2**20:.1f} MiB, "
-          f"log {p['commits']} commits after checkpoints; RSS MiB: {rss}; serve refresh {refresh}; publish cycle {cycle}", flush=True)
+          f"log {p['commits']} commits after checkpoints; RSS MiB: {rss}; serve refresh {refresh}; publish cycle {cycle}; CPU s: {cpu}", flush=True)
     biggest = sorted(p["tables"].items(), key=lambda kv: -kv[1][1])[:4]
     print("    " + "; ".join(f"{n} {live}/{f} files {b / 2**20:.1f} MiB log {c}" for n, (f, b, c, live) in biggest),
           flush=True)
 
 
-def compare(points: list[dict[str, Any]]) -> None:
-    """The last point against the first one after a tenth of the run."""
+def per_batch_cpu(points: list[dict[str, Any]], i: int) -> float:
+    """The job's CPU seconds per micro-batch between point ``i - 1`` and point ``i``."""
+    before = points[i - 1]["cpu_s"]["stream"] if i else 0.0
+    n = points[i]["batch_n"]
+    return (points[i]["cpu_s"]["stream"] - before) / n if n else float("nan")
+
+
+def compare(points: list[dict[str, Any]]) -> list[tuple[str, float, float, str]]:
+    """The last point against the first one after a tenth of the run: (figure, then, now, verdict)."""
     if len(points) < 3:
-        return
-    ref = next(p for p in points if p["minutes"] >= points[-1]["minutes"] / 10)
-    last = points[-1]
+        return []
+    i = next((k for k, p in enumerate(points) if p["minutes"] >= points[-1]["minutes"] / 10 and p["batch_n"]),
+             len(points) - 1)
+    ref, last = points[i], points[-1]
     rows = [("live data files", ref["live_files"], last["live_files"]), ("files on disk", ref["files"], last["files"]),
-            ("bytes", ref["bytes"], last["bytes"]),
+            ("MiB on disk", ref["bytes"] / 2**20, last["bytes"] / 2**20),
             ("commits to replay", ref["commits"], last["commits"]),
-            ("micro-batch p50 s", ref["batch_p50"], last["batch_p50"])]
-    rows += [(f"RSS {k}", ref["rss"][k], last["rss"][k]) for k in last["rss"]]
+            ("job state MiB", ref["state_mib"], last["state_mib"]),
+            ("micro-batch p50 s", ref["batch_p50"], last["batch_p50"]),
+            ("micro-batch max s", ref["batch_max"], last["batch_max"]),
+            ("job CPU s/batch", per_batch_cpu(points, i), per_batch_cpu(points, len(points) - 1))]
+    rows += [(f"RSS {k} MiB", ref["rss"][k] / 2**20, last["rss"][k] / 2**20) for k in last["rss"]]
     if ref["serve_refresh"] and last["serve_refresh"]:
         rows.append(("serve refresh s", ref["serve_refresh"], last["serve_refresh"]))
     if ref["cycle"] and last["cycle"]:
         rows.append(("publish cycle s", ref["cycle"][0], last["cycle"][0]))
-    print(f"last point ({last['minutes']:.1f} min) against the one after a tenth ({ref['minutes']:.1f} min):")
+    out = []
     for name, a, b in rows:
-        print(f"    {name:<20} {a:>14,.2f} -> {b:>14,.2f}  x{(b / a if a else float('nan')):.2f}")
+        ratio = b / a if a else float("nan")
+        verdict = "PASS" if ratio <= GOAL or (a == b == 0) else "FAIL"
+        out.append((name, a, b, verdict))
+    print(f"the point after a tenth ({ref['minutes']:.1f} min, {ref['batches']} micro-batches, "
+          f"{ref['event_h']:.1f} h of event time) against the last ({last['minutes']:.1f} min, "
+          f"{last['batches']} micro-batches, {last['event_h']:.1f} h); goal: within {GOAL}x")
+    print(f"    {'figure':<24} {'tenth':>12} {'last':>12} {'ratio':>7}  verdict")
+    for name, a, b, verdict in out:
+        print(f"    {name:<24} {a:>12,.2f} {b:>12,.2f} {(b / a if a else float('nan')):>7.2f}  {verdict}")
+    return out
 
 
 def main() -> None:
@@ -233,8 +291,14 @@ def main() -> None:
     ap.add_argument("--compact-every", type=int, default=Config().maintenance.compact_every_batches)
     ap.add_argument("--vacuum-every-s", type=float, default=600.0)
     ap.add_argument("--no-maintenance", action="store_true")
+    ap.add_argument("--batches", type=int, default=0, help="stop after this many micro-batches (0: no limit)")
+    ap.add_argument("--retention-h", type=float, default=1.0, help="vacuum and log retention, hours")
+    ap.add_argument("--label", default="", help="a name for this run in its output")
+    ap.add_argument("--broker", choices=["apache", "tansu"], default="apache",
+                    help="Apache Kafka (as production) or Tansu (the demo's broker, in memory)")
     ap.add_argument("--jvm", choices=["dev", "production"], default="dev")
     args = ap.parse_args()
+    from pipeline.kafka_apache import apache_kafka
     from pipeline.kafka_local import free_port, start_local_kafka
 
     work = Path(tempfile.mkdtemp(prefix="faultwatch-soak-"))
@@ -243,8 +307,10 @@ def main() -> None:
     print(f"bench/soak: {args.minutes:.0f} min at {args.speed:.0f}x ({seconds * args.speed / 3600:.1f} h of event time), "
           f"scenario {args.scenario}, trigger {args.trigger_s}s, maintenance "
           f"{'off' if args.no_maintenance else f'every {args.compact_every} batches / {args.vacuum_every_s:.0f}s'}, "
-          f"JVM {args.jvm}; work dir {work}", flush=True)
-    with start_local_kafka(topics=Config().topics.all()) as kafka:
+          f"JVM {args.jvm}, retention {args.retention_h} h, stop at {args.batches or '-'} micro-batches; "
+          f"broker {args.broker}; label {args.label or '-'}; work dir {work}", flush=True)
+    topics = Config().topics.all()
+    with (apache_kafka(topics=topics) if args.broker == "apache" else start_local_kafka(topics=topics)) as kafka:
         port = free_port()
         conf = work / "faultwatch.toml"
         cfg = write_config(conf, work, kafka.bootstrap, port, args)
@@ -262,15 +328,24 @@ def main() -> None:
         pub.start()
         points = []
         began = time.monotonic()
+        signal.signal(signal.SIGTERM, _interrupt)  # a soak started in the background ignores SIGINT
         try:
-            while time.monotonic() - began < seconds:
-                stop.wait(min(args.every_s, seconds - (time.monotonic() - began)))
+            done = False
+            while not done:
+                due = min(time.monotonic() + args.every_s, began + seconds)
+                while time.monotonic() < due and not done:
+                    stop.wait(min(5.0, max(0.0, due - time.monotonic())))
+                    done = bool(args.batches) and watch.total_batches >= args.batches
+                done = done or time.monotonic() - began >= seconds
                 for name, proc in procs.items():
                     if proc.poll() is not None and name != "simulate":
                         raise SystemExit(f"{name} exited with {proc.returncode}; see {work / (name + '.log')}")
                 pids = {n: p.pid for n, p in procs.items()}
-                points.append(point(time.monotonic() - began, Path(cfg.storage.root), watch, pids, port, cycles))
+                points.append(point(time.monotonic() - began, Path(cfg.storage.root), watch, pids, port, cycles,
+                                    epoch / 1000))
                 show(points[-1])
+        except KeyboardInterrupt:
+            print("stopped early: the table compares the points so far", flush=True)
         finally:
             stop.set()
             for proc in procs.values():
@@ -284,6 +359,10 @@ def main() -> None:
         compare(points)
         (work / "points.json").write_text(json.dumps(points))
         print(f"points: {work / 'points.json'}")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _own_rss() -> int:

@@ -239,14 +239,17 @@ class MaintenanceConfig:
     # A table is vacuumed this often: files no log version within the retention references are deleted
     # (compacted-away files and the orphans of failed or replayed micro-batches).
     vacuum_interval_s: float = 3600.0
-    vacuum_retention_h: int = 24
+    vacuum_retention_h: float = 24.0
     # Commit files older than this are deleted once a checkpoint as old follows them
     # (delta.logRetentionDuration); time travel reaches back this far, as VACUUM allows.
-    log_retention_h: int = 24
+    log_retention_h: float = 24.0
 
     def validate(self) -> None:
         _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
                   "log_retention_h")
+
+
+JVM_FLAG_SETS = ("dev", "production")  # streaming/session.py JAVA_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -254,10 +257,15 @@ class SparkConfig:
     master: str = "local[2]"
     app_name: str = "faultwatch"
     shuffle_partitions: int = 4
+    # The Spark JVMs' flags: "dev" (the quick JIT and the serial collector, cheapest on short runs
+    # and small machines) or "production" (the optimising JIT and G1).
+    jvm: str = "dev"
     conf: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         _positive(self, "shuffle_partitions")
+        if self.jvm not in JVM_FLAG_SETS:
+            raise ConfigError(f"spark.jvm must be one of {', '.join(map(repr, JVM_FLAG_SETS))}, got {self.jvm!r}")
 
 
 @dataclass(frozen=True)
@@ -610,6 +618,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "FAULTWATCH_KAFKA_SSL_KEYFILE": ("kafka", "ssl_keyfile"),
     "FAULTWATCH_KAFKA_SSL_PASSWORD": ("kafka", "ssl_password"),
     "FAULTWATCH_SPARK_MASTER": ("spark", "master"),
+    "FAULTWATCH_SPARK_JVM": ("spark", "jvm"),
     "FAULTWATCH_SERVE_TLS_CERT_FILE": ("serve", "tls_cert_file"),
     "FAULTWATCH_SERVE_TLS_KEY_FILE": ("serve", "tls_key_file"),
     "FAULTWATCH_SERVE_BASIC_AUTH_USERNAME": ("serve", "basic_auth_username"),

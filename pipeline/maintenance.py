@@ -56,9 +56,16 @@ class StepResult:
 def table_properties(cfg: MaintenanceConfig) -> dict[str, str]:
     """The retention settings a table keeps in its own metadata, for every engine that reads it."""
     return {
-        "delta.logRetentionDuration": f"interval {cfg.log_retention_h} hours",
-        "delta.deletedFileRetentionDuration": f"interval {cfg.vacuum_retention_h} hours",
+        "delta.logRetentionDuration": interval(cfg.log_retention_h),
+        "delta.deletedFileRetentionDuration": interval(cfg.vacuum_retention_h),
     }
+
+
+def interval(hours: float) -> str:
+    """A retention as Delta's table properties spell it: whole hours, or else whole seconds."""
+    if float(hours).is_integer():
+        return f"interval {int(hours)} hours"
+    return f"interval {max(1, round(hours * 3600))} seconds"
 
 
 def ensure_properties(uri: str, cfg: MaintenanceConfig, dt: Any = None) -> None:
@@ -96,8 +103,13 @@ def vacuum(uri: str, cfg: MaintenanceConfig) -> StepResult:
     from deltalake.transaction import CommitProperties
 
     began = time.perf_counter()
-    deleted = DeltaTable(uri, storage_options=objstore.storage_options(uri)).vacuum(
-        retention_hours=cfg.vacuum_retention_h, dry_run=False, enforce_retention_duration=False, full=True,
+    dt = DeltaTable(uri, storage_options=objstore.storage_options(uri))
+    hours: int | None = int(cfg.vacuum_retention_h)
+    if not float(cfg.vacuum_retention_h).is_integer():  # deltalake takes whole hours, or the table's property
+        ensure_properties(uri, cfg, dt)
+        hours = None
+    deleted = dt.vacuum(
+        retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True,
         commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "vacuum"}),
     )
     return StepResult("vacuum", _name(uri), time.perf_counter() - began, len(deleted))

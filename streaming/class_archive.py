@@ -57,7 +57,7 @@ def driver_options(java: str, java_options: str) -> str:
     background (once)."""
     options = executor_options(java, java_options)
     if options == java_options and enabled():
-        start_build(archive_path(java, java_options))
+        start_build(archive_path(java, java_options), java_options)
     return options
 
 
@@ -73,8 +73,9 @@ def executor_options(java: str, java_options: str) -> str:
     return f"{java_options} -XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else java_options
 
 
-def start_build(path: Path) -> None:
-    """Build the archive in a detached low-priority process, unless a build is under way."""
+def start_build(path: Path, java_options: str) -> None:
+    """Build the archive for ``java_options`` in a detached low-priority process, unless a build is
+    under way."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = path.with_suffix(".lock")
@@ -82,7 +83,7 @@ def start_build(path: Path) -> None:
             return
         lock.write_text(str(os.getpid()))
         subprocess.Popen(
-            ["nice", "-n", "19", sys.executable, "-m", "streaming.class_archive", str(path)],
+            ["nice", "-n", "19", sys.executable, "-m", "streaming.class_archive", str(path), java_options],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=_child_env(),
         )
@@ -140,14 +141,15 @@ def main(argv: list[str]) -> int:
 
     if not enabled():
         return 0
-    path = Path(argv[0]) if argv else archive_path(check_java(), DEFAULT_JAVA_OPTIONS)
+    options = argv[1] if len(argv) > 1 else DEFAULT_JAVA_OPTIONS
+    path = Path(argv[0]) if argv else archive_path(check_java(), options)
     if path.is_file():
         return 0
     print(f"building the class archive for Spark's JVM: {path} (once, ~45 s)", file=sys.stderr, flush=True)
     for stale in path.parent.glob(f"{path.name}.*.tmp"):  # left by a build that was killed
         if time.time() - stale.stat().st_mtime > STALE_S:
             stale.unlink(missing_ok=True)
-    ok = build(path, DEFAULT_JAVA_OPTIONS)
+    ok = build(path, options)
     print(f"class archive {'built' if ok else 'not built'}: {path}", file=sys.stderr)
     return 0 if ok else 1
 

@@ -17,7 +17,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 DEFAULT_DRIVER_MEMORY = "1g"
-DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # C1 only, serial GC: see spark_session
+# The JVMs' flags by ``[spark] jvm``. dev: the quick JIT only (C1) and the serial collector, see
+# spark_session. production: the optimising JIT (C2) and G1, named so that a container of one or two
+# CPUs does not fall back to the serial collector. Measured side by side in docs/performance.md.
+JAVA_OPTIONS = {"dev": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", "production": "-XX:+UseG1GC"}
+DEFAULT_JAVA_OPTIONS = JAVA_OPTIONS["dev"]
 # Spark writes a few small checkpoint files per micro-batch (offsets, commits, a state delta per
 # shuffle partition). Its default manager for local paths goes through Hadoop's FileContext,
 # whose local file system forks ``chmod`` and ``readlink`` processes for every file without
@@ -149,10 +153,11 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the driver's JVM already
     from streaming import class_archive
 
-    driver_options = DEFAULT_JAVA_OPTIONS
+    options = JAVA_OPTIONS[cfg.spark.jvm]
+    driver_options = options
     if not submitted and "spark.driver.extraJavaOptions" not in cfg.spark.conf:
-        driver_options = class_archive.driver_options(java, DEFAULT_JAVA_OPTIONS)  # classes mapped, not loaded
-    executor_options = class_archive.executor_options(java, DEFAULT_JAVA_OPTIONS)
+        driver_options = class_archive.driver_options(java, options)  # classes mapped, not loaded
+    executor_options = class_archive.executor_options(java, options)
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(cfg.spark.master)
     # The JVM starts its data source lookup with this one (on this machine, whatever the master).
@@ -209,7 +214,7 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         flags = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-        notice = driver_flags_notice([str(f) for f in flags])
+        notice = driver_flags_notice([str(f) for f in flags], options)
         if notice:
             print(notice, file=sys.stderr, flush=True)
     return spark
@@ -225,15 +230,15 @@ def delta_conf(cfg: Config) -> dict[str, str]:
     return deltaspark.optional_session_conf()
 
 
-def driver_flags_notice(jvm_flags: list[str]) -> str | None:
-    """What to tell a user whose spark-submit started the driver's JVM without faultwatch's flags
-    (the session's settings come too late for a running JVM); None when they are all there."""
-    missing = [f for f in DEFAULT_JAVA_OPTIONS.split() if f not in jvm_flags]
+def driver_flags_notice(jvm_flags: list[str], options: str = DEFAULT_JAVA_OPTIONS) -> str | None:
+    """What to tell a user whose spark-submit started the driver's JVM without the flags of its
+    ``[spark] jvm`` (the session's settings come too late for a running JVM); None when they are
+    all there."""
+    missing = [f for f in options.split() if f not in jvm_flags]
     if not missing:
         return None
     return (
         f"faultwatch: note: the driver's JVM runs without {' '.join(missing)}: spark-submit started it "
-        "before faultwatch could set its flags, so its optimising JIT and collector threads take CPU from "
-        f"the Python workers. Pass --driver-java-options \"{DEFAULT_JAVA_OPTIONS}\" --driver-memory "
-        f"{DEFAULT_DRIVER_MEMORY} to spark-submit (README: Running on a cluster)."
+        "before faultwatch could set its flags ([spark] jvm). Pass --driver-java-options "
+        f"\"{options}\" --driver-memory {DEFAULT_DRIVER_MEMORY} to spark-submit (README: Running on a cluster)."
     )

@@ -77,7 +77,7 @@ def test_without_an_archive_the_session_starts_as_before_and_a_build_starts_once
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv(class_archive.ENV, "1")
     started: list[Path] = []
-    monkeypatch.setattr(class_archive, "start_build", started.append)
+    monkeypatch.setattr(class_archive, "start_build", lambda path, options: started.append(path))
     java = check_java()
     assert class_archive.driver_options(java, DEFAULT_JAVA_OPTIONS) == DEFAULT_JAVA_OPTIONS
     assert started == [class_archive.archive_path(java, DEFAULT_JAVA_OPTIONS)]

@@ -31,6 +31,7 @@ def test_repository_file_equals_embedded_defaults() -> None:
         ("[kafka]\nsecurity_protocol = 'SASL_SSL'", "kafka.sasl_mechanism and kafka.sasl_username are required"),
         ("[spark]\nconf = 3", "spark.conf: expected a table"),
         ("[storage]\nwriter = 'spark'", "storage.writer: 'spark' is not valid; valid values: ['deltalake', 'delta-spark']"),
+        ("[spark]\njvm = 'fast'", "spark.jvm must be one of 'dev', 'production', got 'fast'"),
         ("stream = 3", "stream: expected a table"),
         ("[stream\n", "not valid TOML"),
     ],
@@ -78,6 +79,11 @@ def test_secrets_never_appear_in_reprs_or_logs(tmp_path: Path) -> None:
 def test_spark_conf_values_are_strings(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, '[spark.conf]\n"spark.sql.shuffle.partitions" = 8\n'), env={})
     assert dict(cfg.spark.conf) == {"spark.sql.shuffle.partitions": "8"}
+
+
+def test_the_jvm_flag_set_is_read_from_the_spark_section(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, '[spark]\njvm = "production"\n'), env={}).spark.jvm == "production"
+    assert load_config(write(tmp_path, '[spark]\njvm = "dev"\n'), env={}).spark.jvm == "dev"
 
 
 def test_replace_sections_and_keys() -> None:

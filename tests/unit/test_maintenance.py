@@ -173,3 +173,25 @@ def test_a_failed_step_is_reported_and_the_batch_stands(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report" / "0.json").read_text())
     assert report[NAME] == 2 and report["_maintenance"].startswith("compact quarantine failed after ")
     assert DeltaTable(str(tmp_path / NAME)).transaction_version(APP) == 0
+
+
+def test_a_retention_under_an_hour_is_kept_in_seconds_and_vacuum_goes_by_it(tmp_path: Path) -> None:
+    """deltalake's vacuum takes whole hours: a retention of a quarter hour (a soak's, to see files on
+    disk level off within its run) is written to the table as seconds and vacuum goes by that."""
+    from pipeline.config import load_config
+
+    conf = tmp_path / "faultwatch.toml"
+    conf.write_text(f'[storage]\nroot = "{tmp_path}"\n[maintenance]\nvacuum_retention_h = 0.25\nlog_retention_h = 0.5\n')
+    cfg = load_config(conf).maintenance
+    ensure_tables(str(tmp_path), [NAME])
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME], APP)
+    _commit(sink, 0)
+    old, young = (sink.write(iter([_rows(b)]), b).files[0].path for b in (90, 91))
+    _age(tmp_path / NAME / old, 20 * 60)
+    _age(tmp_path / NAME / young, 10 * 60)
+    before = _parquet(tmp_path)
+
+    result = vacuum(str(tmp_path / NAME), cfg)
+    assert DeltaTable(str(tmp_path / NAME)).metadata().configuration == {
+        "delta.logRetentionDuration": "interval 1800 seconds", "delta.deletedFileRetentionDuration": "interval 900 seconds"}
+    assert (result.files_removed, _parquet(tmp_path)) == (1, before - {old})

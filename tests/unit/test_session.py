@@ -1,4 +1,4 @@
-"""What the session sets from the config alone (no JVM started here)."""
+"""What the session sets from the config, and the flags its driver JVM starts with."""
 
 from __future__ import annotations
 
@@ -68,6 +68,50 @@ def test_executors_elsewhere_or_another_spark_keep_this_interpreter(monkeypatch,
     assert worker_python(master) == sys.executable
 
 
+# A fresh driver JVM from spark_session, asked what it runs with: its input arguments, the collectors
+# it made and the highest JIT tier (4: C2, 1: C1 only).
+_ASK_THE_JVM = """
+import json, sys
+from pipeline.config import load_config
+from streaming.session import spark_session
+spark = spark_session(load_config(sys.argv[1], env={}))
+mx = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+hotspot = mx.getPlatformMXBean(spark.sparkContext._jvm.com.sun.management.HotSpotDiagnosticMXBean._java_lang_class)
+print(json.dumps({
+    "conf": spark.conf.get("spark.driver.extraJavaOptions"),
+    "args": [str(a) for a in mx.getRuntimeMXBean().getInputArguments()],
+    "collectors": sorted({str(b.getName()).split()[0] for b in mx.getGarbageCollectorMXBeans()}),
+    "tier": str(hotspot.getVMOption("TieredStopAtLevel").getValue()),
+}))
+spark.stop()
+"""
+
+
+@pytest.mark.parametrize(("jvm", "flags", "collectors", "tier"), [
+    ("production", ["-XX:+UseG1GC"], ["G1"], "4"),
+    ("dev", ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"], ["Copy", "MarkSweepCompact"], "1"),
+])
+def test_the_configured_jvm_flags_reach_the_drivers_jvm(tmp_path, jvm, flags, collectors, tier) -> None:  # type: ignore[no-untyped-def]
+    """``[spark] jvm`` picks the flags the driver's JVM starts with (read back from that JVM)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from streaming.session import JAVA_OPTIONS
+
+    conf = tmp_path / "faultwatch.toml"
+    conf.write_text(f'[spark]\njvm = "{jvm}"\n')
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "FAULTWATCH_CLASS_ARCHIVE": "0", "PYTHONPATH": str(repo)}  # no background archive build
+    out = subprocess.run([sys.executable, "-c", _ASK_THE_JVM, str(conf)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["conf"] == JAVA_OPTIONS[jvm] == " ".join(flags)
+    assert [a for a in seen["args"] if a.startswith(("-XX:TieredStopAtLevel", "-XX:+Use"))] == flags
+    assert (seen["collectors"], seen["tier"]) == (collectors, tier)
+
+
 def test_a_submitted_driver_without_faultwatchs_jvm_flags_is_told_what_to_pass() -> None:
     from streaming.session import DEFAULT_JAVA_OPTIONS, driver_flags_notice
 
@@ -76,3 +120,5 @@ def test_a_submitted_driver_without_faultwatchs_jvm_flags_is_told_what_to_pass()
     assert notice is not None
     assert "runs without -XX:TieredStopAtLevel=1:" in notice
     assert f'--driver-java-options "{DEFAULT_JAVA_OPTIONS}" --driver-memory 1g' in notice
+    notice = driver_flags_notice(["-Xmx1g", *DEFAULT_JAVA_OPTIONS.split()], "-XX:+UseG1GC")
+    assert notice is not None and notice.startswith("faultwatch: note: the driver's JVM runs without -XX:+UseG1GC:")
