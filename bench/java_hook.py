@@ -1,6 +1,6 @@
 """Overhead of faultwatch's send hook on a real producer: sends/s and p99 with it against without.
 
-Run: ``.venv/bin/python bench/java_hook.py [--sends N] [--rounds R] [--warmup W] [--client 4.9.8]
+Run: ``.venv/bin/python bench/java_hook.py [--sends N] [--rounds R] [--warmup W] [--client 4.9.8] [--jvm-arg ARG]
 [--kafka tansu|apache]``. Starts a name server and one broker (``pipeline/rocketmq_cluster.py``) and
 a Kafka broker for the hook's events, then two real producers of the same client version in separate
 JVMs, one with the hook and one without. Both first send W warm-up rounds (connections, JIT), then R
@@ -22,6 +22,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,20 +52,55 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def cpu_s(pid: int) -> float:
-    """CPU time (user + system, all threads) a process has used so far, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+THREAD_GROUPS = (  # the start of a thread's name (Linux keeps 15 characters) -> its group
+    ("java", "send thread"), ("faultwatch-send", "hook sink"), ("kafka-producer-", "hook Kafka client"),
+    ("C1 CompilerThre", "JIT"), ("C2 CompilerThre", "JIT"), ("NettyClient", "RocketMQ Netty"),
+)
+
+
+def thread_cpu_ns(pid: int) -> Counter[str]:
+    """CPU time each group of a process's threads has used so far (``schedstat``: nanoseconds)."""
+    out: Counter[str] = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().rstrip("\n")
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+        group = next((g for prefix, g in THREAD_GROUPS if name == prefix or name.startswith(prefix)
+                      and prefix != "java"), "other")
+        out[group] += ns
+    return out
+
+
+def jvm_flags(templates: list[str], name: str) -> list[str]:
+    """``--jvm-arg`` options for the producer ``name`` (a profiler's output file named after it)."""
+    return [t.replace("{name}", name) for t in templates]
 
 
 def timed_round(driver: LabDriver, sends: int, drain: bool) -> dict[str, Any]:
-    """One round; with the producer JVM's CPU per send, the hook's draining into Kafka included."""
-    before = cpu_s(driver.proc.pid)
+    """One round; with the producer JVM's CPU per send by thread group, the hook's draining included."""
+    before = thread_cpu_ns(driver.proc.pid)
     out = driver.command(f"send {sends}", timeout_s=600)
     if drain:
         driver.command("flush", timeout_s=60)
-    out["cpu_us"] = (cpu_s(driver.proc.pid) - before) * 1e6 / sends
+    used = thread_cpu_ns(driver.proc.pid)
+    used.subtract(before)
+    out["threads_ns"] = used
+    out["cpu_us"] = sum(used.values()) / 1e3 / sends
     return out
+
+
+def warm_up(drivers: dict[str, LabDriver], sends: int, least: int, most: int) -> int:
+    """Rounds on both producers until the JIT settles (under 2 % of a round's CPU in each), ``least`` to ``most``."""
+    for r in range(most):
+        rounds = {name: timed_round(d, sends, drain=name == "hook") for name, d in drivers.items()}
+        jit = {n: o["threads_ns"]["JIT"] / max(1, sum(o["threads_ns"].values())) for n, o in rounds.items()}
+        print(f"warm-up {r}: JIT share of the round's CPU " + ", ".join(f"{n} {j:.1%}" for n, j in jit.items()),
+              flush=True)
+        if r + 1 >= least and max(jit.values()) < 0.02:
+            return r + 1
+    return most
 
 
 def run_pairs(drivers: dict[str, LabDriver], sends: int, rounds: int) -> list[dict[str, dict[str, Any]]]:
@@ -80,6 +116,16 @@ def run_pairs(drivers: dict[str, LabDriver], sends: int, rounds: int) -> list[di
         ) + f"; ratio {pair['hook']['per_s'] / pair['none']['per_s']:.3f}", flush=True)
         pairs.append(pair)
     return pairs
+
+
+def by_thread(pairs: list[dict[str, dict[str, Any]]], sends: int) -> None:
+    """CPU per send of each thread group over all measured rounds, hook against none."""
+    total: dict[str, Counter[str]] = {k: sum((p[k]["threads_ns"] for p in pairs), Counter()) for k in ("hook", "none")}
+    n = sends * len(pairs)
+    groups = sorted(set(total["hook"]) | set(total["none"]), key=lambda g: -total["hook"][g])
+    print("producer CPU per send by thread (all measured rounds): " + "; ".join(
+        f"{g} {total['hook'][g] / 1e3 / n:.1f} / {total['none'][g] / 1e3 / n:.1f} us" for g in groups)
+        + " (hook / none)")
 
 
 def summary(pairs: list[dict[str, dict[str, Any]]]) -> None:
@@ -105,9 +151,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sends", type=int, default=5000, help="synchronous sends per round")
     ap.add_argument("--rounds", type=int, default=16, help="measured pairs of rounds")
-    ap.add_argument("--warmup", type=int, default=3, help="warm-up rounds per producer (not measured)")
+    ap.add_argument("--warmup", type=int, default=3, help="least warm-up rounds per producer (not measured)")
+    ap.add_argument("--warmup-max", type=int, default=40, help="most warm-up rounds, if the JIT has not settled")
     ap.add_argument("--client", default="4.9.8")
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu", help="the broker the hook writes to")
+    ap.add_argument("--jvm-arg", action="append", default=[], metavar="ARG",
+                    help="an option for both producer JVMs, {name} replaced by hook or none (repeatable), e.g. "
+                         "-XX:StartFlightRecording=settings=profile,filename=/tmp/{name}.jfr")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="faultwatch-bench-hook-"))
     print(f"load average at start: {load()}", flush=True)
@@ -115,19 +165,18 @@ def main() -> None:
         cluster.create_topic("bench", 8)
         common = {"namesrv": cluster.namesrv_addr, "topic": "bench", "cluster": "DefaultCluster"}
         drivers = {
-            "hook": LabDriver(args.client, home / "hook", group="bench-hook", kafka=bootstrap, **common),
-            "none": LabDriver(args.client, home / "none", group="bench-none", **common),
+            "hook": LabDriver(args.client, home / "hook", jvm_flags(args.jvm_arg, "hook"), group="bench-hook",
+                              kafka=bootstrap, **common),
+            "none": LabDriver(args.client, home / "none", jvm_flags(args.jvm_arg, "none"), group="bench-none", **common),
         }
         try:
-            for _ in range(args.warmup):
-                for d in drivers.values():
-                    d.command(f"send {args.sends}", timeout_s=600)
-            drivers["hook"].command("flush", timeout_s=60)
+            warmed = warm_up(drivers, args.sends, args.warmup, args.warmup_max)
             pairs = run_pairs(drivers, args.sends, args.rounds)
             stats = drivers["hook"].command("flush", timeout_s=60)
-            print(f"client {args.client}, Kafka {args.kafka}, {args.warmup} warm-up rounds, "
+            print(f"client {args.client}, Kafka {args.kafka}, {warmed} warm-up rounds, "
                   f"{args.rounds} pairs of {args.sends} sends:")
             summary(pairs)
+            by_thread(pairs, args.sends)
             print(f"hook: offered {stats['offered']}, delivered {stats['delivered']}, dropped {stats['dropped']}")
             print(f"load average at end: {load()}")
         finally:
