@@ -51,18 +51,19 @@ def poller_classpath() -> str:
     return str(built_jar("admin-poller"))
 
 
-def _java(classpath: str, main: str, args: Sequence[str], heap_mb: int, home: Path) -> list[str]:
+def _java(classpath: str, main: str, args: Sequence[str], heap_mb: int, home: Path,
+          jvm_args: Sequence[str] = ()) -> list[str]:
     home.mkdir(parents=True, exist_ok=True)
     return [java_binary(), f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", f"-Duser.home={home}",
-            "-Drocketmq.client.logUseSlf4j=false", *JDK17_FLAGS, "-cp", classpath, main, *args]
+            "-Drocketmq.client.logUseSlf4j=false", *JDK17_FLAGS, *jvm_args, "-cp", classpath, main, *args]
 
 
 class LabDriver:
     """A real producer (``io.faultwatch.rocketmq.lab.Driver``) at ``client_version``, driven line by line."""
 
-    def __init__(self, client_version: str, home: Path, **options: str) -> None:
+    def __init__(self, client_version: str, home: Path, jvm_args: Sequence[str] = (), **options: str) -> None:
         args = [a for k, v in options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-        argv = _java(client_classpath(client_version), "io.faultwatch.rocketmq.lab.Driver", args, 256, home)
+        argv = _java(client_classpath(client_version), "io.faultwatch.rocketmq.lab.Driver", args, 256, home, jvm_args)
         self.client_version = client_version
         self.log_path = home / "driver.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()

@@ -193,6 +193,7 @@ public final class Driver {
         out.put("dropped", hook.sink().dropped());
         out.put("delivered", hook.sink().delivered());
         out.put("queued", hook.sink().queued());
+        out.put("last_failure", hook.sink().lastFailure());
         out.put("client_latency", hook.tapped(producer));
     }
 

@@ -43,16 +43,21 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     // Event ids: one random prefix per hook, then a counter (no SecureRandom on the send path).
     private final SendEvent.Origin origin;
     private final AtomicLong idCounter = new AtomicLong();
-    private final ThreadLocal<LastMessage> lastMessage = ThreadLocal.withInitial(LastMessage::new);
+    private final ThreadLocal<SendThread> sendThread = ThreadLocal.withInitial(SendThread::new);
     // The event of this thread's last synchronous attempt, until the client's updateFaultItem completes it.
     private final ThreadLocal<SendEvent> pending = new ThreadLocal<>();
     // The tapped producers, copied on install so the send path reads them without a lock.
     private volatile WeakReference<?>[] tapped = new WeakReference<?>[0];
 
-    /** This thread's last message id and its attempt number. */
-    private static final class LastMessage {
+    /**
+     * This thread's last message id and its attempt number, and the synchronous attempt it has begun
+     * (the client calls a synchronous attempt's before and after hooks on the sending thread).
+     */
+    private static final class SendThread {
         String id;
         int attempt;
+        SendMessageContext started;
+        long startNanos;
     }
 
     public FaultwatchSendHook(String cluster, String kafkaBootstrap) {
@@ -85,7 +90,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
             Long.parseLong(Long.toString(System.nanoTime()));
             tapped((DefaultMQProducerImpl) null);
             attempt(null);
-            lastMessage.remove();
+            sendThread.remove();
         } catch (Exception e) {
             // only a warm-up
         }
@@ -156,6 +161,13 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
             pending.remove();
             offer(left);
         }
+        if (ctx.getCommunicationMode() == CommunicationMode.SYNC) {
+            SendThread t = sendThread.get();
+            t.started = ctx;
+            t.startNanos = System.nanoTime();
+            return;
+        }
+        // Other modes may run the after hook on another thread: the start travels in the context.
         Map<String, String> props = ctx.getProps();
         if (props == null) {
             props = new HashMap<>();
@@ -164,16 +176,27 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         props.put(START_KEY, Long.toString(System.nanoTime()));
     }
 
+    /** When the attempt of {@code ctx} began (System.nanoTime), or -1 when this hook never saw it begin. */
+    private long started(SendMessageContext ctx) {
+        SendThread t = sendThread.get();
+        if (t.started == ctx) {
+            t.started = null;
+            return t.startNanos;
+        }
+        Map<String, String> props = ctx.getProps();
+        String start = props == null ? null : props.remove(START_KEY);
+        return start == null ? -1L : Long.parseLong(start);
+    }
+
     @Override
     public void sendMessageAfter(SendMessageContext ctx) {
         try {
             long end = System.nanoTime();
-            Map<String, String> props = ctx.getProps();
-            String start = props == null ? null : props.remove(START_KEY);
-            if (start == null || ctx.getMq() == null) {
+            long start = started(ctx);
+            if (start < 0 || ctx.getMq() == null) {
                 return; // an asynchronous send's second after-call, or a context we never saw start
             }
-            long latencyMs = Math.max(0, (end - Long.parseLong(start)) / 1_000_000L);
+            long latencyMs = Math.max(0, (end - start) / 1_000_000L);
             SendEvent event = event(ctx, latencyMs, attempt(ctx.getMessage()));
             if (awaitsClient(ctx, event)) {
                 pending.set(event);
@@ -234,7 +257,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
 
     private int attempt(Message msg) {
         String id = msg == null ? null : msg.getProperty(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX);
-        LastMessage last = lastMessage.get();
+        SendThread last = sendThread.get();
         int attempt = id != null && id.equals(last.id) ? last.attempt + 1 : 0;
         last.id = id;
         last.attempt = attempt;
