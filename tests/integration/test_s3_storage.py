@@ -132,6 +132,24 @@ def test_the_sinks_own_files_and_commits_on_s3(s3: S3Server) -> None:
     assert objstore.list_names(objstore.join(ck, "faultwatch-decisions")) == ["5.json"]
 
 
+def test_two_writers_on_one_stale_version_both_land(s3: S3Server) -> None:
+    """Commits are conditional puts: a writer whose snapshot is one version behind does not
+    overwrite the other's commit file (it finds it there, reads forward and commits the next)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    uri = configured(s3, "race/t")
+    options = objstore.storage_options(uri)
+    assert options is not None and options["conditional_put"] == "etag"
+    write_deltalake(uri, pa.table({"x": [0]}), storage_options=options)
+    first, second = DeltaTable(uri, storage_options=options), DeltaTable(uri, storage_options=options)
+    write_deltalake(first, pa.table({"x": [1]}), mode="append")
+    write_deltalake(second, pa.table({"x": [2]}), mode="append")  # its snapshot is still version 0
+    dt = DeltaTable(uri, storage_options=options)
+    assert dt.version() == 2
+    assert sorted(read_table(f"s3://{s3.bucket}/race", "t").column("x").to_pylist()) == [0, 1, 2]
+
+
 def canonical(cfg: Config, table: str) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True, default=str) for r in read_table(cfg.storage.root, table).to_pylist())
 
