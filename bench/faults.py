@@ -16,7 +16,9 @@
    Detection latency = when a window's first row became readable minus its start, over windows
    opened after a warm-up; and per live micro-batch its duration and its WAL and commit steps.
 ``--live-only`` skips steps 1-2 (~2 minutes per shape); ``--compact-every N`` adds table upkeep (a
-compaction per table every N batches, a vacuum every ``--vacuum-every-s``). Figures: docs/performance.md.
+compaction per table every N batches, a vacuum every ``--vacuum-every-s``). ``--writer
+deltalake,delta-spark`` runs step 3 with each Delta writer (``storage.writer``) in ``--pairs``
+alternated pairs, each on a topic of its own. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -144,12 +146,15 @@ def child(args: argparse.Namespace) -> None:
     from streaming.session import spark_session
 
     work = Path(args.work)
-    common = {"stream__max_events_per_batch": args.max_batch}
-    spark = spark_session(bench_config(args.bootstrap, args.warm_topic, work, f"{args.shape}-warm", **common))
+    common: dict[str, Any] = {"stream__max_events_per_batch": args.max_batch}
+    if args.writer:
+        common["storage__writer"] = args.writer
+    name = f"{args.shape}{args.tag or ''}"
+    spark = spark_session(bench_config(args.bootstrap, args.warm_topic, work, f"{name}-warm", **common))
     # a warm-up run on a small topic first (JIT, Python workers, first-query costs); live: only that
-    runs = [(f"{args.shape}-warm", args.warm_topic)] + ([(args.shape, args.topic)] if args.mode == "once" else [])
-    for name, topic in runs:
-        cfg = bench_config(args.bootstrap, topic, work, name, **common)
+    runs = [(f"{name}-warm", args.warm_topic)] + ([(name, args.topic)] if args.mode == "once" else [])
+    for run, topic in runs:
+        cfg = bench_config(args.bootstrap, topic, work, run, **common)
         t0 = time.perf_counter()
         queries = {n: start_query(spark, n, w, availableNow=True) for n, w in writers(spark, cfg, args.shape).items()}
         for q in queries.values():
@@ -160,8 +165,8 @@ def child(args: argparse.Namespace) -> None:
               for n, q in queries.items() for p in q.recentProgress]
     print("RESULT " + json.dumps({"seconds": secs, "states": states}), flush=True)
     if args.mode == "live":
-        cfg = bench_config(args.bootstrap, args.topic, work, args.shape, stream__trigger_interval_s=1.0,
-                           **maintenance_settings(args.compact_every, args.vacuum_every_s))
+        cfg = bench_config(args.bootstrap, args.topic, work, name, stream__trigger_interval_s=1.0,
+                           **common, **maintenance_settings(args.compact_every, args.vacuum_every_s))
         live = [start_query(spark, n, w, processingTime="1 second") for n, w in writers(spark, cfg, args.shape).items()]
         print("STARTED " + cfg.storage.root, flush=True)
         time.sleep(args.live_s)
@@ -175,6 +180,20 @@ def child(args: argparse.Namespace) -> None:
 
 
 # -- parent ------------------------------------------------------------------------------------
+def live_runs(shapes: list[str], writers: list[str], pairs: int) -> list[tuple[str, str, str]]:
+    """(shape, writer, tag) of each live run in order: per shape one run (the configured writer, or
+    the one named), or with two writers ``pairs`` alternated pairs; the tag keeps their topics,
+    tables and checkpoints apart."""
+    if len(writers) < 2:
+        return [(shape, writers[0] if writers else "", "") for shape in shapes]
+    out = []
+    for shape in shapes:
+        for pair in range(pairs):
+            order = writers if pair % 2 == 0 else writers[::-1]
+            out += [(shape, w, f"-{w}-{pair + 1}") for w in order]
+    return out
+
+
 def run_child(base: list[str], extra: list[str], on_line: Any = None) -> tuple[dict[str, Any], int]:
     """Run one child; its RESULT (and LIVE batches, under ``live_batches``) and peak RSS."""
     work = Path(base[base.index("--work") + 1])
@@ -226,8 +245,8 @@ def poll_windows(root: str, stop: threading.Event, seen: dict[str, tuple[int, fl
     cpu.append(time.thread_time())
 
 
-def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int,
-         seconds: float) -> tuple[list[float], int, list[dict[str, float]], float]:
+def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int, seconds: float,
+         more: tuple[str, ...] = ()) -> tuple[list[float], int, list[dict[str, float]], float]:
     seen: dict[str, tuple[int, float]] = {}
     poll_cpu: list[float] = []
     stop = threading.Event()
@@ -243,7 +262,8 @@ def live(base: list[str], shape: str, topic: str, bootstrap: str, rate: int,
             poller.start()
             sender.start()
 
-    res, peak = run_child(base, ["--mode", "live", "--shape", shape, "--topic", topic, "--live-s", str(seconds)], on_line)
+    res, peak = run_child(base, ["--mode", "live", "--shape", shape, "--topic", topic, "--live-s", str(seconds), *more],
+                          on_line)
     stop.set()
     for t in threads:
         t.join()
@@ -278,8 +298,12 @@ def main() -> None:
     ap.add_argument("--compact-every", type=int, default=0,
                     help="live runs: compact each table every N micro-batches (0: table upkeep off)")
     ap.add_argument("--vacuum-every-s", type=float, default=30.0, help="live runs with upkeep: vacuum each table this often")
+    ap.add_argument("--writer", default="",
+                    help="live runs: storage.writer; two, comma-separated (deltalake,delta-spark): each in "
+                         "--pairs alternated pairs")
+    ap.add_argument("--pairs", type=int, default=1, help="--writer with two writers: alternated pairs per shape")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    for name in ("mode", "shape", "bootstrap", "topic", "warm-topic", "work"):
+    for name in ("mode", "shape", "bootstrap", "topic", "warm-topic", "work", "tag"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -291,7 +315,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-faults-"))
     print(f"bench/faults: {'live only' if args.live_only else f'{n} send results'}, {BROKERS} brokers, {PRODUCERS} producers, {args.partitions} partitions, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
-    topics = ["bench.warm", "bench.send-results", *(f"bench.live-{s}" for s in SHAPES), *Config().topics.all()]
+    names = [w for w in args.writer.split(",") if w]
+    if any(w not in ("deltalake", "delta-spark") for w in names) or len(names) > 2:
+        raise SystemExit(f"--writer: one or two of deltalake, delta-spark; got {args.writer!r}")
+    runs = live_runs([s for s in args.shapes.split(",") if s != "bronze"], names, args.pairs)
+    topics = ["bench.warm", "bench.send-results", *(f"bench.live-{s}{t}" for s, _, t in runs), *Config().topics.all()]
     with start_local_kafka(topics=topics, partitions=args.partitions) as kafka:
         secs = preload(kafka.bootstrap, "bench.send-results", n) if not args.live_only else 0.0
         preload(kafka.bootstrap, "bench.warm", 20_000)
@@ -312,9 +340,11 @@ def main() -> None:
                 state = (f", state {s['state_current_version_bytes'] / 2**20:.1f} MiB (store memory "
                          f"{s['state_memory_bytes'] / 2**20:.1f} MiB)" if "state_memory_bytes" in s else "")
                 print(f"    {s['query']} batch {s['batch']}: {s['seconds']:.1f}s{state}")
-        for shape in [s for s in args.shapes.split(",") if s != "bronze"]:
-            lat, peak, batches, poll_cpu = live(base, shape, f"bench.live-{shape}", kafka.bootstrap, args.rate, args.live_s)
-            print(f"({shape}) detection latency at {args.rate}/s, 1 s trigger: p50 {pct(lat, 50):.2f}s, "
+        for shape, writer, tag in runs:
+            more = ("--writer", writer, f"--tag={tag}") if writer else ()
+            lat, peak, batches, poll_cpu = live(base, shape, f"bench.live-{shape}{tag}", kafka.bootstrap, args.rate,
+                                                args.live_s, more)
+            print(f"({shape}{', ' + writer if writer else ''}) detection latency at {args.rate}/s, 1 s trigger: p50 {pct(lat, 50):.2f}s, "
                   f"p95 {pct(lat, 95):.2f}s, max {max(lat) if lat else float('nan'):.2f}s over {len(lat)} windows; "
                   f"peak RSS {peak / 2**30:.2f} GiB, load {os.getloadavg()[0]:.1f}", flush=True)
             took = [b["seconds"] for b in batches]

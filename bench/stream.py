@@ -3,6 +3,7 @@
     .venv/bin/python bench/stream.py [--events 2000000] [--clusters 4] [--skip-scaling] [--pairs 3]
                                      [--compression zstd|gzip|none] [--brokers apache,tansu]
     .venv/bin/python bench/stream.py --fleet 1,10,100 [--rounds 2] [--max-events-per-batch N]
+    .venv/bin/python bench/stream.py --writer deltalake,delta-spark [--pairs 3] [--brokers apache]
 
 For each of ``--brokers`` it preloads a simulator backlog (``--clusters`` instances of
 ``bench/stream_backlog.toml``), reads it with one kafka-python consumer before and after the job
@@ -11,7 +12,9 @@ their ratio to the ceiling, ``late`` rows, peak RSS, stateful tasks and the brok
 ``--skip-scaling`` it also runs local[1] against local[2] and one against two standalone workers
 in alternated pairs (the machine's speed drifts). ``--fleet`` runs the job over fleets of 1, 10
 and 100 times the producer x broker pairs at the same event rate (bench/fleet.py), alternated, and
-prints events/s, state per pair and peak RSS against the smallest fleet. Nothing asserts timings.
+prints events/s, state per pair and peak RSS against the smallest fleet. ``--writer`` with two
+writers (``storage.writer``) runs the job with each in alternated pairs instead; with one, the main
+run uses it. Nothing asserts timings.
 """
 
 from __future__ import annotations
@@ -209,13 +212,15 @@ class MachineCpu:
 
 
 def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None,
-                 max_events_per_batch: int = 0, topics: dict[str, str] | None = None) -> Path:
+                 max_events_per_batch: int = 0, topics: dict[str, str] | None = None, writer: str = "") -> Path:
     """The shipped defaults but for the broker, the storage and (optionally) the Spark master, the
-    micro-batch size (0: the shipped default) and the event topics."""
+    micro-batch size (0: the shipped default), the event topics and the Delta writer."""
     text = (
         f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
         f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\npublish_dir = "{data}/avoidance"\n'
     )
+    if writer:
+        text += f'writer = "{writer}"\n'
     if master is not None:
         text += f'[spark]\nmaster = "{master}"\n'
     if max_events_per_batch:
@@ -554,6 +559,27 @@ def print_ratio(what: str, ratios: list[float]) -> None:
               flush=True)
 
 
+def writers(bootstrap: str, work: Path, events: int, pairs: int, names: Sequence[str],
+            max_events_per_batch: int) -> None:
+    """The default job with each of two Delta writers (``storage.writer``), in ``pairs`` alternated
+    pairs; each run's figures, then the ratios of the first writer to the second."""
+    runs: dict[str, list[RunFigures]] = {name: [] for name in names}
+    for pair in range(pairs):
+        for name in in_pair_order((names[0], names[1]), pair):
+            print(f"run: faultwatch stream --once, storage.writer {name} (pair {pair + 1}), "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            data = fresh(work, f"writer-{name}")
+            log = work / f"{data.name}.log"
+            conf = write_config(work / f"{data.name}.toml", bootstrap, data, writer=name,
+                                max_events_per_batch=max_events_per_batch)
+            r = run_job(stream_args(conf), log)
+            if check(r, log, name):
+                runs[name].append(r)
+                print(f"{name}: {run_line(r, events)}; peak RSS {r.peak_rss / 2**30:.2f} GiB; "
+                      f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    print_ratios(f"{names[0]} / {names[1]}", runs[names[0]], runs[names[1]], events)
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -738,7 +764,13 @@ def main() -> None:
                     help="--fleet: rounds over the sizes, every other one in reverse order (1,10,100,100,10,1)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="--fleet: no uncounted run of the first size before the measured ones")
+    ap.add_argument("--writer", default="",
+                    help="storage.writer of the main run; two, comma-separated (deltalake,delta-spark): "
+                         "instead of the runs above, the job with each in --pairs alternated pairs")
     args = ap.parse_args()
+    names = [w for w in args.writer.split(",") if w]
+    if len(names) > 2 or any(w not in ("deltalake", "delta-spark") for w in names):
+        raise SystemExit(f"--writer: one or two of deltalake, delta-spark; got {args.writer!r}")
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
     cfg = Config()
@@ -758,6 +790,9 @@ def main() -> None:
             print(f"== broker: {BROKERS[broker]} at {kafka.bootstrap}, load average {os.getloadavg()[0]:.1f}", flush=True)
             counts = preload(kafka.bootstrap, events_wanted, args.clusters, work, args.compression)
             events = sum(counts.values())
+            if len(names) == 2:
+                writers(kafka.bootstrap, work, events, args.pairs, names, args.max_events_per_batch)
+                continue
             cpu = broker_cpu_s(kafka)
             secs = ceiling(kafka.bootstrap, counts)
             print(f"ceiling, raw kafka-python consume of every event topic in one process: "
@@ -768,7 +803,8 @@ def main() -> None:
             log = work / f"main-{broker}.log"
             cpu = broker_cpu_s(kafka)
             main_run = run_job(stream_args(write_config(work / f"main-{broker}.toml", kafka.bootstrap, data,
-                                                           max_events_per_batch=args.max_events_per_batch)), log)
+                                                           max_events_per_batch=args.max_events_per_batch,
+                                                           writer=names[0] if names else "")), log)
             if not check(main_run, log, "faultwatch stream"):
                 raise SystemExit(1)
             print(f"the broker's CPU over the whole run (start-up included): {broker_cpu_s(kafka) - cpu:.1f}s",
