@@ -197,6 +197,9 @@ class StorageConfig:
 
         check_scheme("root", self.root)
         check_scheme("checkpoint_root", self.checkpoint_root)
+        if self.writer == "delta-spark" and "://" in self.root and not self.root.startswith("file:"):
+            raise ConfigError(f"storage.writer: 'delta-spark' writes a local storage.root only, not {self.root!r}; "
+                              "use writer = 'deltalake' (the default) for object storage")
 
     def table_path(self, name: str) -> str:
         from pipeline.objstore import join

@@ -30,6 +30,7 @@ def test_repository_file_equals_embedded_defaults() -> None:
         ("[lag.groups.g1]\nconsume_from_where = 'LATEST'", "lag.groups.g1.consume_from_where"),
         ("[kafka]\nsecurity_protocol = 'SASL_SSL'", "kafka.sasl_mechanism and kafka.sasl_username are required"),
         ("[spark]\nconf = 3", "spark.conf: expected a table"),
+        ("[storage]\nwriter = 'delta-spark'\nroot = 's3://b/t'", "storage.writer: 'delta-spark' writes a local storage.root only"),
         ("[storage]\nwriter = 'spark'", "storage.writer: 'spark' is not valid; valid values: ['deltalake', 'delta-spark']"),
         ("[spark]\njvm = 'fast'", "spark.jvm must be one of 'dev', 'production', got 'fast'"),
         ("stream = 3", "stream: expected a table"),
