@@ -557,6 +557,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     # answered: what was fetched beyond the answer is dropped unread (a position
                     # past it makes the consumer discard it), and further fetches of it are empty
                     consumer.seek(tp, self._ends[key])
+        if todo:  # the settle point then stays where it was: say so, or event time seems to stall unexplained
+            log.warning("the event-time look-up got no record from %s within %.0fs; the settle point "
+                        "does not move past them this micro-batch (a broker that answers fetches slowly?)",
+                        ", ".join(sorted(key for key, _, _ in todo.values())),
+                        float(self.options.get("connect_timeout_s", "30")))
         return found
 
     def reportLatestOffset(self) -> dict | None:

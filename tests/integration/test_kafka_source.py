@@ -346,6 +346,26 @@ def test_settle_point_look_ups_find_event_times_inside_batches_again_and_again(k
         r.stop()
 
 
+def test_a_look_up_that_gets_no_record_says_so(kafka, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A partition the event-time look-up gets nothing from before its deadline holds the settle point
+    back: a warning names it (a broker answering fetches slowly once stalled event time silently)."""
+    create_topics(kafka.bootstrap, ["src.slow"], 1)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    for i in range(10):
+        producer.send("src.slow", value=json.dumps({"ts_ms": 1_767_225_600_000 + i}).encode(), partition=0)
+    producer.flush()
+    producer.close()
+    r = reader(kafka, "src.slow")
+    try:
+        r.prepareForTriggerAvailableNow()
+        r.options["connect_timeout_s"] = "0"  # the deadline has passed before the first fetch
+        with caplog.at_level("WARNING", logger="streaming.kafka_source"):
+            assert r._event_times([("src.slow/0", 5, True)]) == {}
+        assert "event-time look-up got no record from src.slow/0" in caplog.text
+    finally:
+        r.stop()
+
+
 def test_a_worker_keeps_one_consumer_per_topic(kafka) -> None:  # type: ignore[no-untyped-def]
     """Reader tasks of one worker process move between topics; each topic keeps its own consumer, so
     a task never waits for the leaders of a topic its consumer was not assigned before."""
