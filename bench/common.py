@@ -11,17 +11,23 @@ from pathlib import Path
 from typing import Any
 
 
-def tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants (driver, JVM, Python workers), bytes."""
+def tree_procs(pid: int) -> list[Any]:
+    """A process and all its live descendants (psutil processes); none once it has ended."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants (driver, JVM, Python workers), bytes."""
+    import psutil
+
     total = 0
-    for p in procs:
+    for p in tree_procs(pid):
         try:
             total += p.memory_info().rss
         except psutil.NoSuchProcess:

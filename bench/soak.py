@@ -42,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import tree_rss
+from bench.common import tree_procs, tree_rss
 from pipeline.config import Config
 
 BIN = Path(sys.executable).parent
@@ -157,13 +157,8 @@ def tree_cpu_s(pid: int) -> float:
     have reaped (each ended process counted once, by the one that waited for it)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0.0
-    for p in procs:
+    for p in tree_procs(pid):
         try:
             t = p.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system  # and the children it reaped

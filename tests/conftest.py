@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.children import stop_child
 from pipeline.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,12 +93,7 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[str, int]]:
             time.sleep(0.2)
         yield url, port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_child(proc, 10)
         log.close()
 
 

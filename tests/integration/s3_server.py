@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.children import stop_child
 from pipeline.kafka_local import free_port
 
 BINARY = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "faultwatch" / "bin" / "versitygw"
@@ -52,12 +53,7 @@ def s3_server(folder: Path, bucket: str = "faultwatch") -> Iterator[S3Server]:
         _wait_ready(server, proc)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_child(proc, 10)
         log.close()
 
 
