@@ -198,13 +198,11 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         # 4.1+): a live micro-batch starts a dozen Python runners, each with its own connection.
         .config("spark.python.unix.domain.socket.enabled", "true")
     )
-    for key, value in delta_conf(cfg).items():
-        builder = builder.config(key, value)
     if is_local_path(cfg.storage.checkpoint_root):
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
     from streaming.s3a import spark_conf as s3a_conf
 
-    for key, value in s3a_conf(cfg.storage.root, cfg.storage.checkpoint_root).items():  # s3:// roots only
+    for key, value in merged_conf(delta_conf(cfg), s3a_conf(cfg.storage.root, cfg.storage.checkpoint_root)).items():
         builder = builder.config(key, value)
     for key, value in cfg.spark.conf.items():  # [spark.conf] may set any of the above
         builder = builder.config(key, value)
@@ -218,6 +216,16 @@ def spark_session(cfg: Config, ui: bool = False) -> SparkSession:
         if notice:
             print(notice, file=sys.stderr, flush=True)
     return spark
+
+
+def merged_conf(*parts: dict[str, str]) -> dict[str, str]:
+    """Several groups of session settings as one; their ``spark.jars`` lists are joined, not replaced
+    (delta-spark's jars and, for s3:// roots, S3A's)."""
+    out: dict[str, str] = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = f"{out[key]},{value}" if key == "spark.jars" and out.get(key) else value
+    return out
 
 
 def delta_conf(cfg: Config) -> dict[str, str]:

@@ -122,3 +122,15 @@ def test_a_submitted_driver_without_faultwatchs_jvm_flags_is_told_what_to_pass()
     assert f'--driver-java-options "{DEFAULT_JAVA_OPTIONS}" --driver-memory 1g' in notice
     notice = driver_flags_notice(["-Xmx1g", *DEFAULT_JAVA_OPTIONS.split()], "-XX:+UseG1GC")
     assert notice is not None and notice.startswith("faultwatch: note: the driver's JVM runs without -XX:+UseG1GC:")
+
+
+def test_delta_and_s3a_settings_join_their_jars() -> None:
+    """delta-spark's jars and S3A's both reach the session: one list, not the later one alone."""
+    from streaming.session import merged_conf
+
+    delta = {"spark.jars": "/m2/delta-spark.jar,/m2/delta-storage.jar", "spark.sql.extensions": "x"}
+    s3a = {"spark.jars": "/m2/hadoop-aws.jar", "spark.hadoop.fs.s3a.endpoint": "http://h:1"}
+    assert merged_conf(delta, s3a) == {
+        "spark.jars": "/m2/delta-spark.jar,/m2/delta-storage.jar,/m2/hadoop-aws.jar",
+        "spark.sql.extensions": "x", "spark.hadoop.fs.s3a.endpoint": "http://h:1"}
+    assert merged_conf({}, s3a) == s3a and merged_conf(delta, {}) == delta
