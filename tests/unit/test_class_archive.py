@@ -100,5 +100,5 @@ def test_a_build_under_way_is_not_started_twice(tmp_path: Path, monkeypatch: pyt
     path.with_suffix(".lock").write_text("1")  # a fresh lock: another process builds it
     spawned: list[object] = []
     monkeypatch.setattr(class_archive.subprocess, "Popen", lambda *a, **k: spawned.append(a))
-    class_archive.start_build(path)
+    class_archive.start_build(path, DEFAULT_JAVA_OPTIONS)
     assert spawned == []
