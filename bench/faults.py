@@ -6,11 +6,9 @@
    each producer's in time order (slow sends, failures, one broker failing for a minute);
 2. runs each configuration as its own process the way ``faultwatch stream --once`` does
    (``streaming.job``'s query builders, availableNow trigger, a warm-up run on a small topic first):
-   (a) bronze only (``--only bronze``); (b) bronze + faults as two queries (``--only bronze
-   --only faults``: each reads Kafka); (c) bronze + faults as one query (``--only bronze_faults``:
-   one Kafka read, one sink); and with ``--shapes ...,default`` the default job (bronze, faults
-   and lag in one query). Prints events/s, the ratio to (a), the process tree's peak RSS and per
-   micro-batch its duration and the fault state's size;
+   (a) bronze only; (b) bronze + faults as two queries (each reads Kafka); (c) bronze + faults as
+   one query (``bronze_faults``); with ``--shapes ...,default`` the default job. Prints events/s,
+   the ratio to (a), peak RSS and per micro-batch its duration and the fault state's size;
 3. live, for each shape but (a): a 1 s trigger while another process (nice 10) sends ``--rate``
    wall-clock-stamped events/s and this one polls ``producer_fault_windows_live`` every 100 ms.
    Detection latency = when a window's first row became readable minus its start, over windows

@@ -2,24 +2,16 @@
 
     .venv/bin/python bench/soak.py [--minutes 40] [--batches N] [--speed 30] [--trigger-s 2] [--every-s 120]
                                    [--scenario demo] [--no-maintenance] [--jvm dev|production]
-                                   [--retention-h 1] [--label NAME]
+                                   [--retention-h 1] [--label NAME] [--broker apache|tansu]
 
-Starts a local broker (Apache Kafka, or Tansu: ``--broker``); the simulator, accelerated (``--speed`` virtual seconds per wall
-second), starting far enough in the past that event time reaches the wall clock when the run ends
-(so no event is stamped in the future and the publisher's clock stays the wall clock);
-``faultwatch stream`` (the default job, its ``[maintenance]`` on unless ``--no-maintenance``) and
-``faultwatch serve``; and runs a publisher cycle in this process every ``publish.interval_s``. Every
-``--every-s`` it prints one point: per table the data files (in the current version and on disk),
-their bytes and the commit files after the log's last checkpoint (what a reader replays); the
-job's state; the resident memory of each process tree; the micro-batches since the last point
-(count, p50 and max duration, maintenance steps and their longest); serve's last refresh time; the
-publisher's last cycle time; the event time the tables reached; the CPU each process tree used. It
-stops after ``--minutes`` or ``--batches`` micro-batches, whichever comes first, then prints a table
-of the point after the first tenth of the run against the last one, with each figure's ratio and
-PASS or FAIL against the goal (within 1.5x). Two soaks may run at once: each has its own work
-directory and free ports. ``--jvm`` is the job's ``[spark] jvm``: production gives the Spark JVMs
-C2 and the G1 collector instead of the quick JIT and the serial collector.
-Figures: docs/performance.md.
+Starts a local Kafka broker, the simulator accelerated (``--speed`` virtual seconds per wall second,
+ending at the wall clock), ``faultwatch stream`` (the default job with ``[maintenance]``) and
+``faultwatch serve``, and runs a publisher cycle every ``publish.interval_s``. Every ``--every-s`` it
+prints a point: files, bytes and log length per table, the job's state, each process tree's RSS and
+CPU, the micro-batches since the last point, serve's refresh and the publisher's cycle time, and
+the event time reached. After ``--minutes`` or ``--batches`` it compares the point after the first
+tenth with the last, PASS or FAIL against 1.5x. Two soaks may run at once (own directories and
+ports); ``--jvm`` is the job's ``[spark] jvm``. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
