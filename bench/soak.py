@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/soak.py [--minutes 40] [--batches N] [--speed 30] [--trigger-s 2] [--every-s 120]
                                    [--scenario demo] [--no-maintenance] [--jvm dev|production]
-                                   [--retention-h 1] [--label NAME] [--broker apache|tansu]
+                                   [--retention-h 1] [--data-retention-h 720] [--label NAME]
+                                   [--broker apache|tansu]
 
 Starts a local Kafka broker, the simulator accelerated (``--speed`` virtual seconds per wall second,
 ending at the wall clock), ``faultwatch stream`` (the default job with ``[maintenance]``) and
@@ -92,6 +93,7 @@ compact_every_batches = {args.compact_every}
 vacuum_interval_s = {args.vacuum_every_s}
 vacuum_retention_h = {args.retention_h}
 log_retention_h = {args.retention_h}
+data_retention_h = {args.data_retention_h}
 [policy]
 max_input_age_s = {max(2 * 86400.0, 1.2 * args.speed * (args.minutes + 1) * 60 + 3600)}
 [serve]
@@ -280,6 +282,8 @@ def main() -> None:
     ap.add_argument("--no-maintenance", action="store_true")
     ap.add_argument("--batches", type=int, default=0, help="stop after this many micro-batches (0: no limit)")
     ap.add_argument("--retention-h", type=float, default=1.0, help="vacuum and log retention, hours")
+    ap.add_argument("--data-retention-h", type=float, default=Config().maintenance.data_retention_h,
+                    help="rows this many hours of event time behind a table's newest are deleted (0: none)")
     ap.add_argument("--label", default="", help="a name for this run in its output")
     ap.add_argument("--broker", choices=["apache", "tansu"], default="apache",
                     help="Apache Kafka (as production) or Tansu (the demo's broker, in memory)")
@@ -294,7 +298,7 @@ def main() -> None:
     print(f"bench/soak: {args.minutes:.0f} min at {args.speed:.0f}x ({seconds * args.speed / 3600:.1f} h of event time), "
           f"scenario {args.scenario}, trigger {args.trigger_s}s, maintenance "
           f"{'off' if args.no_maintenance else f'every {args.compact_every} batches / {args.vacuum_every_s:.0f}s'}, "
-          f"JVM {args.jvm}, retention {args.retention_h} h, stop at {args.batches or '-'} micro-batches; "
+          f"JVM {args.jvm}, retention {args.retention_h} h, data retention {args.data_retention_h} h, stop at {args.batches or '-'} micro-batches; "
           f"broker {args.broker}; label {args.label or '-'}; work dir {work}", flush=True)
     topics = Config().topics.all()
     with (apache_kafka(topics=topics) if args.broker == "apache" else start_local_kafka(topics=topics)) as kafka:

@@ -246,10 +246,16 @@ class MaintenanceConfig:
     # Commit files older than this are deleted once a checkpoint as old follows them
     # (delta.logRetentionDuration); time travel reaches back this far, as VACUUM allows.
     log_retention_h: float = 24.0
+    # Rows whose event time (the table's time column) is this many hours behind the table's newest
+    # row are deleted at each vacuum, before it; 0 keeps every row.
+    data_retention_h: float = 720.0
 
     def validate(self) -> None:
         _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
                   "log_retention_h")
+        if self.data_retention_h < 0:
+            raise ConfigError(f"maintenance.data_retention_h must be >= 0 (0 keeps every row), "
+                              f"got {self.data_retention_h!r}")
 
 
 JVM_FLAG_SETS = ("dev", "production")  # streaming/session.py JAVA_OPTIONS

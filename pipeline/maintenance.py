@@ -5,8 +5,10 @@ The streaming job commits to each table in every micro-batch: many small files a
 the job's own commits), and runs at most one table's step per micro-batch, so a batch carries at
 most one step's cost: a table is compacted (then checkpointed, expired commit files deleted)
 after ``compact_every_batches`` micro-batches that wrote to it, and vacuumed every
-``vacuum_interval_s`` (when both are due, the two kinds take turns). Its schedule is kept in a small JSON file beside the query's checkpoint, so
-a restarted job does not start counting again. :func:`maintain_all` runs every step on every
+``vacuum_interval_s`` (when both are due, the two kinds take turns); before a vacuum, rows older
+than ``data_retention_h`` behind the table's newest row are deleted, so a table's bytes stop
+growing. Its schedule is kept in a small JSON file beside the query's checkpoint, so a restarted
+job does not start counting again. :func:`maintain_all` runs every step on every
 table once (``faultwatch maintain``).
 
 Safe with the job's exactly-once writes: compaction removes and adds files without changing data
@@ -31,7 +33,7 @@ from pipeline.config import MaintenanceConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Maintainer", "StepResult", "compact", "ensure_properties", "maintain_all", "vacuum"]
+__all__ = ["Maintainer", "StepResult", "compact", "ensure_properties", "expire", "maintain_all", "vacuum"]
 
 STEP_METADATA = "faultwatch.maintenance"
 
@@ -44,13 +46,15 @@ class StepResult:
     files_removed: int = 0  # compact: small files replaced; vacuum: files deleted
     files_added: int = 0
     error: str | None = None
+    rows_expired: int = 0  # vacuum: rows past maintenance.data_retention_h deleted before it
 
     def describe(self) -> str:
         if self.error:
             return f"{self.step} {self.table} failed after {self.seconds:.2f}s: {self.error}"
         if self.step == "compact":
             return f"compact {self.table} {self.files_removed}->{self.files_added} files {self.seconds:.2f}s"
-        return f"vacuum {self.table} {self.files_removed} files deleted {self.seconds:.2f}s"
+        expired = f" ({self.rows_expired} rows past retention deleted)" if self.rows_expired else ""
+        return f"vacuum {self.table} {self.files_removed} files deleted{expired} {self.seconds:.2f}s"
 
 
 def table_properties(cfg: MaintenanceConfig) -> dict[str, str]:
@@ -97,13 +101,70 @@ def compact(uri: str, cfg: MaintenanceConfig, tasks: int = 1) -> StepResult:
                       int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)))
 
 
+def expire(uri: str, cfg: MaintenanceConfig, dt: Any = None) -> int:
+    """Delete the rows ``cfg.data_retention_h`` or more behind the table's newest row; return how many.
+
+    Age is event time, by the table's ``time_column``, and counts from the newest row (or the wall
+    clock, if that is earlier) rather than from the clock: a job catching up on a backlog, or
+    replaying one, keeps what it just wrote, a long outage deletes nothing, and a row stamped in the
+    future (a Kafka timestamp is the producer's) cannot take the others with it. Files whose statistics put them wholly past the cutoff go
+    without being read; the few that straddle it are rewritten. Tables without a time column, and
+    ``data_retention_h = 0``, keep every row.
+    """
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties
+
+    from schemas.tables import all_tables, utc_date
+
+    spec = all_tables().get(_name(uri))
+    if not cfg.data_retention_h or spec is None or spec.time_column is None:
+        return 0
+    dt = dt if dt is not None else DeltaTable(uri, storage_options=objstore.storage_options(uri))
+    column = spec.time_column
+    bounds = _time_bounds(dt, column)
+    if bounds is None:
+        return 0
+    oldest, newest = bounds
+    newest = min(newest, int(time.time() * 1000))  # a row stamped ahead of the clock moves no cutoff
+    cutoff = newest - round(cfg.data_retention_h * 3_600_000)
+    if oldest >= cutoff:
+        return 0
+    predicate = f"{column} < {cutoff}"
+    if spec.partition_by == ("event_date",):  # the date is the time column's: whole days prune first
+        predicate = f"event_date <= '{utc_date(cutoff)}' AND {predicate}"
+    metrics = dt.delete(predicate, commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "expire"}))
+    return int(metrics.get("num_deleted_rows", 0))
+
+
+def _time_bounds(dt: Any, column: str) -> tuple[int, int] | None:
+    """(oldest, newest) of ``column`` over the table's live files: from their statistics, or by
+    reading the column where a file has none. None for an empty table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return None
+    names = actions.schema.names
+    lows = actions.column(f"min.{column}") if f"min.{column}" in names else None
+    highs = actions.column(f"max.{column}") if f"max.{column}" in names else None
+    if lows is None or highs is None or lows.null_count or highs.null_count:
+        values = dt.to_pyarrow_dataset().to_table(columns=[column]).column(column)
+        low, high = pc.min(values).as_py(), pc.max(values).as_py()
+    else:
+        low, high = pc.min(lows).as_py(), pc.max(highs).as_py()
+    return None if low is None or high is None else (int(low), int(high))
+
+
 def vacuum(uri: str, cfg: MaintenanceConfig) -> StepResult:
-    """Delete the files no version within the retention references (``full``: orphans too)."""
+    """Delete expired rows (:func:`expire`), then the files no version within the retention
+    references (``full``: orphans too)."""
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties
 
     began = time.perf_counter()
     dt = DeltaTable(uri, storage_options=objstore.storage_options(uri))
+    expired = expire(uri, cfg, dt)
     hours: int | None = int(cfg.vacuum_retention_h)
     if not float(cfg.vacuum_retention_h).is_integer():  # deltalake takes whole hours, or the table's property
         ensure_properties(uri, cfg, dt)
@@ -112,7 +173,7 @@ def vacuum(uri: str, cfg: MaintenanceConfig) -> StepResult:
         retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True,
         commit_properties=CommitProperties(custom_metadata={STEP_METADATA: "vacuum"}),
     )
-    return StepResult("vacuum", _name(uri), time.perf_counter() - began, len(deleted))
+    return StepResult("vacuum", _name(uri), time.perf_counter() - began, len(deleted), rows_expired=expired)
 
 
 def _name(uri: str) -> str:

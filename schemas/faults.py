@@ -91,22 +91,26 @@ PRODUCER_FAULT_WINDOWS = TableSpec(
     "producer_fault_windows",
     WINDOW_FIELDS,
     partition_by=("event_date",),
+    time_column="start_ms",
     doc="the final row of each avoidance window, once the watermark has passed its end",
 )
 PRODUCER_FAULT_WINDOWS_LIVE = TableSpec(
     "producer_fault_windows_live",
     WINDOW_FIELDS,
     partition_by=("event_date",),
+    time_column="start_ms",
     doc="every revision of every window, appended in the micro-batch that saw it change",
 )
 BROKER_FAULT_EPISODES = TableSpec(
     "broker_fault_episodes",
     EPISODE_FIELDS,
+    time_column="updated_ms",
     doc="the final row of each fault episode, once it is decided closed",
 )
 BROKER_FAULT_EPISODES_LIVE = TableSpec(
     "broker_fault_episodes_live",
     EPISODE_FIELDS,
+    time_column="updated_ms",
     doc="every revision of every episode (suspicions included), appended in the micro-batch that saw it change",
 )
 
@@ -135,6 +139,7 @@ BROKER_HEALTH = TableSpec(
         Field("event_date", "string"),
     ),
     partition_by=("event_date",),
+    time_column="minute_ms",
     doc="one row per broker and minute with sends, once the watermark has passed the minute",
 )
 

@@ -78,6 +78,13 @@ class TableSpec:
     fields: tuple[Field, ...]
     partition_by: tuple[str, ...] = ()
     doc: str = ""
+    # The event-time column (epoch ms) a row's age is told by: ``maintenance.data_retention_h``
+    # deletes rows by it; ``event_date``, where a table has it, is this column's UTC date.
+    time_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.time_column is not None and self.time_column not in self.columns:
+            raise ValueError(f"table {self.name!r}: time_column {self.time_column!r} is not one of its columns")
 
     @property
     def columns(self) -> list[str]:

@@ -42,6 +42,7 @@ QUEUE_LAG = TableSpec(
         Field("event_date", "string"),
     ),
     partition_by=("event_date",),
+    time_column="ts_ms",
 )
 
 GROUP_STATUS = TableSpec(
@@ -80,6 +81,7 @@ GROUP_STATUS = TableSpec(
         Field("maxlag_queue_id", "int32", nullable=True),
     ),
     partition_by=("event_date",),
+    time_column="ts_ms",
 )
 
 register(QUEUE_LAG, GROUP_STATUS)

@@ -6,6 +6,8 @@ declared in their own modules and registered in :data:`TABLES` here, the one lis
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from schemas.events import CONSUMER_PROGRESS, GROUP_MEMBERSHIP, SEND_RESULT
 from schemas.fields import Field, TableSpec
 
@@ -18,12 +20,20 @@ KAFKA_SOURCE: tuple[Field, ...] = (
 # Bronze is partitioned by the event's UTC date: readers almost always filter on a time range.
 EVENT_DATE = Field("event_date", "string", doc="UTC date of ts_ms, YYYY-MM-DD")
 
-SEND_RESULTS = TableSpec("send_results", SEND_RESULT + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",))
+
+def utc_date(ms: int) -> str:
+    """The ``event_date`` partition value of an event time (epoch ms)."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+SEND_RESULTS = TableSpec(
+    "send_results", SEND_RESULT + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",), time_column="ts_ms"
+)
 CONSUMER_PROGRESS_TABLE = TableSpec(
-    "consumer_progress", CONSUMER_PROGRESS + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",)
+    "consumer_progress", CONSUMER_PROGRESS + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",), time_column="ts_ms"
 )
 GROUP_MEMBERSHIP_TABLE = TableSpec(
-    "group_membership", GROUP_MEMBERSHIP + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",)
+    "group_membership", GROUP_MEMBERSHIP + KAFKA_SOURCE + (EVENT_DATE,), ("event_date",), time_column="ts_ms"
 )
 
 QUARANTINE = TableSpec(
@@ -40,6 +50,7 @@ QUARANTINE = TableSpec(
         Field("detail", "string", doc="what exactly was wrong, for a human"),
         Field("stage", "string", doc="which query rejected it: bronze, faults, lag"),
     ),
+    time_column="kafka_ts_ms",
 )
 
 # Which bronze table each event kind lands in.

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.faults.frame import Cols, group_bounds
-from pipeline.faults.windows import utc_date
+from schemas.tables import utc_date
 
 MINUTE_MS = 60_000
 QUANTILES = (0.50, 0.95, 0.99)

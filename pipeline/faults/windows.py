@@ -13,13 +13,13 @@ minutes and episode ticks still to be evaluated count them). Rules of emission:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
 from pipeline.faults.frame import Cols, concat, empty, take
 from pipeline.rocketmq import Window
+from schemas.tables import utc_date
 
 WINDOW_SCHEMA: dict[str, str] = {
     "pair": "int64",
@@ -69,10 +69,6 @@ class Meta:
 @dataclass
 class WindowChanges:
     rows: list[dict[str, Any]] = field(default_factory=list)
-
-
-def utc_date(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
 def _row(meta: Meta, w: dict[str, Any], state: str, updated_ms: int) -> dict[str, Any]:

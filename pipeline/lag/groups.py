@@ -33,9 +33,10 @@ from pipeline.lag.model import (
     topic_kind,
 )
 from pipeline.lag.registry import GROUPS, LagState
-from pipeline.lag.report import PairView, nullable, utc_date
+from pipeline.lag.report import PairView, nullable
 from pipeline.lag.table import Table, lookup, unique_ints
 from schemas.lag import GROUP_STATUS
+from schemas.tables import utc_date
 
 I64 = np.int64
 

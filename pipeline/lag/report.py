@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +19,7 @@ from pipeline.lag.startpos import (
 from pipeline.lag.status import RuleParams, complete, evaluate
 from pipeline.lag.timelag import METHOD_NAMES, time_lags
 from schemas.lag import QUEUE_LAG
+from schemas.tables import utc_date
 
 I64 = np.int64
 
@@ -84,10 +84,6 @@ def evaluate_pairs(state: LagState, now_ms: int, cfg: LagConfig) -> PairView:
         start_policy=applied_policy(raw, kind, policy),
         complete=complete(state.windows),
     )
-
-
-def utc_date(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d")
 
 
 def nullable(values: np.ndarray, dtype: str = "Int64") -> pd.arrays.IntegerArray:

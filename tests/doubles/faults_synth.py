@@ -113,7 +113,7 @@ def bronze_table(events: Cols) -> pa.Table:
         else:
             cols[f.name] = [None] * n
     cols["_table"] = ["send_results"] * n
-    from pipeline.faults.windows import utc_date
+    from schemas.tables import utc_date
 
     cols["event_date"] = [utc_date(int(t)) for t in events["ts_ms"]]
     return pa.Table.from_pydict(cols, schema=arrow_schema(fields))

@@ -32,6 +32,7 @@ def test_repository_file_equals_embedded_defaults() -> None:
         ("[spark]\nconf = 3", "spark.conf: expected a table"),
         ("[storage]\nwriter = 'delta-spark'\nroot = 's3://b/t'", "storage.writer: 'delta-spark' writes a local storage.root only"),
         ("[storage]\nwriter = 'spark'", "storage.writer: 'spark' is not valid; valid values: ['deltalake', 'delta-spark']"),
+        ("[maintenance]\ndata_retention_h = -1", "maintenance.data_retention_h must be >= 0 (0 keeps every row)"),
         ("[spark]\njvm = 'fast'", "spark.jvm must be one of 'dev', 'production', got 'fast'"),
         ("stream = 3", "stream: expected a table"),
         ("[stream\n", "not valid TOML"),

@@ -195,3 +195,93 @@ def test_a_retention_under_an_hour_is_kept_in_seconds_and_vacuum_goes_by_it(tmp_
     assert DeltaTable(str(tmp_path / NAME)).metadata().configuration == {
         "delta.logRetentionDuration": "interval 1800 seconds", "delta.deletedFileRetentionDuration": "interval 900 seconds"}
     assert (result.files_removed, _parquet(tmp_path)) == (1, before - {old})
+
+
+HOUR_MS = 3_600_000
+T0 = 1_795_780_800_000  # 2026-11-27 08:00 UTC
+
+
+def _health(minutes: list[int]) -> pa.RecordBatch:
+    """broker_health rows at ``T0 + m`` minutes, each partition value the UTC date of its minute."""
+    from schemas.tables import utc_date
+
+    schema = table(NAME).arrow_schema()
+    n = len(minutes)
+    cols = {f.name: pa.array([7] * n).cast(f.type) for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)}
+    stamps = [T0 + m * 60_000 for m in minutes]
+    cols |= {"minute_ms": pa.array(stamps, pa.int64()), "cluster": pa.array(["c1"] * n),
+             "broker_name": pa.array([f"b{m}" for m in minutes]),
+             "failures_by_error": pa.array([[]] * n, pa.map_(pa.string(), pa.int64())),
+             "event_date": pa.array([utc_date(t) for t in stamps]), ROUTE_COLUMN: pa.array([NAME] * n)}
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def test_vacuum_first_deletes_rows_past_the_data_retention_behind_the_newest_row(tmp_path: Path) -> None:
+    """Rows 2 h or more behind the table's newest row go (event time, not the clock: these rows are
+    a year old and most stay); a file wholly past the cutoff is dropped, one across it rewritten, and
+    every row within the retention is kept as it was. The step says how many rows it deleted."""
+    from dataclasses import replace
+
+    ensure_tables(str(tmp_path), [NAME])
+    sink = RoutedDeltaWriter(str(tmp_path), [NAME], APP)
+    batches = [[0, 30, 60], [90, 119, 120, 150], [600, 900], [17 * 60, 17 * 60 + 30]]  # the last crosses midnight
+    for batch, minutes in enumerate(batches):
+        sink.commit([sink.write(iter([_health(minutes)]), batch)], batch)
+    uri = str(tmp_path / NAME)
+    every = _sorted(read_table(str(tmp_path), NAME))
+    newest = T0 + (17 * 60 + 30) * 60_000
+
+    assert vacuum(uri, replace(CFG, data_retention_h=0)).rows_expired == 0  # 0 keeps every row
+    assert _sorted(read_table(str(tmp_path), NAME)) == every
+    result = vacuum(uri, replace(CFG, data_retention_h=15.5))
+    kept = [r for r in every if r["minute_ms"] >= newest - 15.5 * HOUR_MS]
+    assert [r["broker_name"] for r in kept] == ["b120", "b150", "b600", "b900", "b1020", "b1050"]
+    assert (result.rows_expired, result.error) == (5, None)
+    assert _sorted(read_table(str(tmp_path), NAME)) == kept
+    assert result.describe().startswith(f"vacuum {NAME} 0 files deleted (5 rows past retention deleted) ")
+    assert vacuum(uri, replace(CFG, data_retention_h=15.5)).rows_expired == 0  # nothing left to expire: no commit
+    assert DeltaTable(uri).transaction_version(APP) == 3  # the job's exactly-once marks stay
+
+
+def test_a_table_without_a_date_partition_and_files_without_statistics_expire_too(tmp_path: Path) -> None:
+    """broker_fault_episodes has no event_date: its predicate is the time column alone. Files written
+    without statistics (another writer) are told by reading the column."""
+    from dataclasses import replace
+
+    from deltalake import write_deltalake
+
+    from pipeline.maintenance import expire
+
+    name = "broker_fault_episodes"
+    spec = table(name)
+    filler = {"string": "x", "bool": False}
+    rows = {f.name: pa.array([filler.get(str(f.type), 0)] * 3, f.type) for f in spec.arrow_schema()}
+    rows |= {"episode_id": pa.array(["e1", "e2", "e3"]), "updated_ms": pa.array([T0, T0 + HOUR_MS, T0 + 3 * HOUR_MS])}
+    uri = str(tmp_path / name)
+    write_deltalake(uri, pa.table(rows, schema=spec.arrow_schema()),
+                    configuration={"delta.dataSkippingNumIndexedCols": "0"})
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
+    assert "max.updated_ms" not in actions.schema.names or actions.column("max.updated_ms").null_count == 1
+    assert expire(uri, replace(CFG, data_retention_h=1.5)) == 2
+    assert DeltaTable(uri).to_pyarrow_table().column("episode_id").to_pylist() == ["e3"]
+
+
+def test_a_row_stamped_in_the_future_expires_nothing_before_the_clock_says_so(tmp_path: Path) -> None:
+    """A Kafka record's timestamp is its producer's: a quarantined row stamped a year ahead must not
+    make every other quarantine row look a year old. The cutoff counts from the clock at most."""
+    from dataclasses import replace
+
+    from deltalake import write_deltalake
+
+    from pipeline.maintenance import expire
+
+    spec = table("quarantine")
+    now = int(time.time() * 1000)
+    stamps = [now - 3 * HOUR_MS, now - 10 * 60_000, now + 365 * 24 * HOUR_MS]
+    filler = {"string": "x", "binary": b"x"}
+    rows = {f.name: pa.array([filler.get(str(f.type), 0)] * 3, f.type) for f in spec.arrow_schema()}
+    rows |= {"kafka_ts_ms": pa.array(stamps, pa.int64()), "detail": pa.array(["old", "recent", "future"])}
+    uri = str(tmp_path / "quarantine")
+    write_deltalake(uri, pa.table(rows, schema=spec.arrow_schema()))
+    assert expire(uri, replace(CFG, data_retention_h=1)) == 1
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("detail").to_pylist()) == ["future", "recent"]

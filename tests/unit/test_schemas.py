@@ -199,3 +199,18 @@ def test_decoder_quarantines_an_event_stamped_far_ahead_of_its_kafka_record() ->
     unjudged = BatchDecoder("send_result", output_tables(["send_result"]), 65_536).decode(
         "t", 0, RecordColumns.of(rec(None, v, i, t) for i, (v, t) in enumerate(zip(values, stamps))))
     assert unjudged.num_rows == 5 and set(unjudged.column("_table").to_pylist()) == {"send_results"}
+
+
+def test_every_dated_table_says_which_column_its_date_and_retention_go_by() -> None:
+    """maintenance.data_retention_h deletes by a table's time column; a table partitioned by
+    event_date must name the epoch-ms column the date is of, and a bad name fails at declaration."""
+    from schemas.fields import Field, TableSpec
+    from schemas.tables import all_tables
+
+    for spec in all_tables().values():
+        if "event_date" in spec.partition_by:
+            assert spec.time_column is not None, spec.name
+        if spec.time_column is not None:
+            assert next(f.kind for f in spec.fields if f.name == spec.time_column) == "int64", spec.name
+    with pytest.raises(ValueError, match="time_column 'ts' is not one of its columns"):
+        TableSpec("t", (Field("ts_ms", "int64"),), time_column="ts")
