@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 
@@ -24,6 +25,23 @@ def die_with_parent() -> None:
 
 # Popen's preexec_fn for every child faultwatch starts (None where prctl does not exist).
 DIE_WITH_PARENT: Callable[[], None] | None = die_with_parent if sys.platform.startswith("linux") else None
+
+
+def stop_children(procs: list[subprocess.Popen[bytes] | None], timeout_s: float) -> None:
+    """:func:`stop_child` for several at once: all get SIGTERM together and share the one deadline
+    (brokers that each take seconds to shut down then cost the slowest one's time, not the sum)."""
+
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in live:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stop_child(proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:

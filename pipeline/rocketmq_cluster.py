@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.children import DIE_WITH_PARENT, stop_child
+from pipeline.children import DIE_WITH_PARENT, stop_child, stop_children
 from pipeline.jvm import JvmError, java_binary, maven_classpath
 from pipeline.kafka_local import free_port
 
@@ -256,11 +256,11 @@ class RocketMQCluster:
     def running_brokers(self) -> list[str]:
         return [n for n, p in self.brokers.items() if p.running]
 
-    def stop(self) -> None:
-        for proc in self.brokers.values():
-            proc.stop()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the brokers together (SIGTERM, SIGKILL after ``timeout_s``), then the name server."""
+        stop_children([b.proc for b in self.brokers.values()], timeout_s)
         if self.namesrv is not None:
-            self.namesrv.stop()
+            self.namesrv.stop(timeout_s)
         if self.owns_home:
             shutil.rmtree(self.home, ignore_errors=True)
 
