@@ -70,6 +70,23 @@ if [ "$target" = "test" ] && ! command -v mvn >/dev/null 2>&1; then
   say "installing Maven (the Java clients and the real-cluster tests)"
   apt_install maven || die "the Java clients need Maven: apt-get install maven"
 fi
+# 3e. An S3-compatible server for the object-storage tests (tests/integration/s3_server.py): Versity's
+#     S3 gateway (Apache-2.0), built from its Go module through the Go module proxy (~1 min of 2 cores)
+#     into ~/.cache/faultwatch/bin; the module's sources stay in Go's module cache. Once. It builds in
+#     the background while Maven and pip below fetch theirs; step 8 waits for it.
+VERSITYGW_VERSION="v1.8.0"
+gw_bin="${XDG_CACHE_HOME:-$HOME/.cache}/faultwatch/bin"
+gw_pid=""
+if [ "$target" = "test" ] && [ ! -x "$gw_bin/versitygw" ]; then
+  command -v go >/dev/null 2>&1 || apt_install golang-go || die "building the tests' S3 server needs Go: apt-get install golang-go"
+  say "building Versity's S3 gateway $VERSITYGW_VERSION in the background (the S3 tests' server; first time: about a minute)"
+  mkdir -p "$gw_bin"
+  gw_log="$(mktemp)"
+  GOBIN="$gw_bin" GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+    >"$gw_log" 2>&1 &
+  gw_pid=$!
+  trap '[ -n "$gw_pid" ] && kill "$gw_pid" 2>/dev/null; true' EXIT  # a failed set-up leaves no build behind
+fi
 if [ "$target" = "test" ]; then
   say "building clients/java (first time: Maven fetches the jars into ~/.m2)"
   mvn -q -B -f clients/java/pom.xml install -DskipTests || die "building clients/java failed (see Maven's output above)"
@@ -111,18 +128,15 @@ if [ "$target" = "test" ]; then
 elif command -v mvn >/dev/null 2>&1; then
   "$VENV/bin/python" -m streaming.deltaspark || say "no delta-spark jars (the job runs with the deltalake writer)"
 fi
-# 8. An S3-compatible server for the object-storage tests (tests/integration/s3_server.py): Versity's
-#    S3 gateway (Apache-2.0), built from its Go module through the Go module proxy (~1 min of 2 cores)
-#    into ~/.cache/faultwatch/bin; the module's sources stay in Go's module cache. Then Hadoop's S3A
-#    jars for Spark's checkpoints on s3:// (streaming/s3a.py), fetched into ~/.m2. Both once.
-VERSITYGW_VERSION="v1.8.0"
-gw_bin="${XDG_CACHE_HOME:-$HOME/.cache}/faultwatch/bin"
-if [ "$target" = "test" ] && [ ! -x "$gw_bin/versitygw" ]; then
-  command -v go >/dev/null 2>&1 || apt_install golang-go || die "building the tests' S3 server needs Go: apt-get install golang-go"
-  say "building Versity's S3 gateway $VERSITYGW_VERSION (the S3 tests' server; first time: about a minute)"
-  mkdir -p "$gw_bin"
-  GOBIN="$gw_bin" GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
-    || die "could not build versitygw $VERSITYGW_VERSION with Go (the S3 tests' server)"
+# 8. The S3 gateway of step 3e, then Hadoop's S3A jars for Spark's checkpoints on s3://
+#    (streaming/s3a.py), fetched into ~/.m2 once.
+if [ -n "$gw_pid" ]; then
+  if ! wait "$gw_pid"; then
+    cat "$gw_log" >&2
+    die "could not build versitygw $VERSITYGW_VERSION with Go (the S3 tests' server; Go's output above)"
+  fi
+  gw_pid=""
+  rm -f "$gw_log"
 fi
 if [ "$target" = "test" ]; then
   "$VENV/bin/python" -m streaming.s3a || die "could not resolve hadoop-aws and the AWS SDK modules through Maven"
