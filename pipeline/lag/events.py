@@ -84,16 +84,16 @@ def normalize_arrow(events: pa.Table) -> pd.DataFrame:
     out = {}
     for name, (default, dtype) in COLUMNS.items():
         column = columns.get(name)
-        if column is not None and not in_order:
-            column = column.take(pa.array(order))
         if dtype == "int64":
-            out[name] = _int64(column, n, default)
+            values = numbers[name] if name in numbers else _int64(column, n, default)
         elif column is None or pa.types.is_null(column.type):
             out[name] = np.full(n, default, dtype=object)
+            continue
         elif name == "client_ids":
-            out[name] = column.to_numpy(zero_copy_only=False)
+            values = column.to_numpy(zero_copy_only=False)
         else:
-            out[name] = _words(column)
+            values = _words(column)
+        out[name] = values if in_order else values[order]  # numpy's take: cheaper than Arrow's per column
     return pd.DataFrame(out, copy=False)  # a block per column: consolidating them copies everything
 
 

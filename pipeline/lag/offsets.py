@@ -108,22 +108,29 @@ def add_points(
 
     Duplicated offsets keep the earliest time (a send completes after the store). Times are made
     non-decreasing along offsets with a running maximum, because producer clocks disagree by a few
-    milliseconds and interpolation must never run backwards in time.
+    milliseconds and interpolation must never run backwards in time. Only the new points are
+    sorted: each finds its place in its queue's sorted points by a binary search, so the cost of a
+    batch grows with the index's length, not with sorting it again.
     """
     if len(qkey) == 0:
         return index
     order = np.lexsort((store_ms, offset, qkey))
     qkey, offset, store_ms = qkey[order], offset[order], store_ms[order]
     keep = downsample_points(qkey, offset, store_ms, max_points)
-    q = np.concatenate([index.qkey, qkey[keep]])
-    o = np.concatenate([index.offset, offset[keep]])
-    t = np.concatenate([index.store_ms, store_ms[keep]])
-    order = np.lexsort((t, o, q))
-    q, o, t = q[order], o[order], t[order]
-    first = np.r_[True, (q[1:] != q[:-1]) | (o[1:] != o[:-1])]
-    q, o, t = q[first], o[first], t[first]
-    t = segmented_cummax(q, t)
-    return thin(OffsetIndex(q, o, t), max_points)
+    qkey, offset, store_ms = qkey[keep], offset[keep], store_ms[keep]
+    first = np.r_[True, (qkey[1:] != qkey[:-1]) | (offset[1:] != offset[:-1])]  # the earliest per offset
+    qkey, offset, store_ms = qkey[first], offset[first], store_ms[first]
+    start, end = index.segments(qkey)
+    at = segmented_search(index.offset, start, end, offset)
+    known = at < end
+    known[known] = index.offset[at[known]] == offset[known]
+    times = index.store_ms.copy()
+    times[at[known]] = np.minimum(times[at[known]], store_ms[known])
+    fresh = ~known  # np.insert keeps the order of points that go to one place: (qkey, offset)
+    q = np.insert(index.qkey, at[fresh], qkey[fresh])
+    o = np.insert(index.offset, at[fresh], offset[fresh])
+    t = np.insert(times, at[fresh], store_ms[fresh])
+    return thin(OffsetIndex(q, o, segmented_cummax(q, t)), max_points)
 
 
 def thin(index: OffsetIndex, max_points: int) -> OffsetIndex:

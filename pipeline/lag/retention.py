@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from pipeline.lag.registry import LagState, pair_key, qcode_of
+from pipeline.lag.table import unique_ints
 
 I64 = np.int64
 MIN_COMPACT = 1024
@@ -42,8 +43,10 @@ def expire(state: LagState, cutoff_ms: int) -> tuple[LagState, np.ndarray, np.nd
 
 def _renumber(names: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(new names, old code -> new code) when most names are unused, else None."""
-    used = np.unique(used)
-    if len(names) < MIN_COMPACT or len(used) * 2 > len(names):
+    if len(names) < MIN_COMPACT:  # (before the distinct codes: this runs at every grid point)
+        return None
+    used = unique_ints(used)
+    if len(used) * 2 > len(names):
         return None
     remap = np.full(len(names), -1, dtype=I64)
     remap[used] = np.arange(len(used), dtype=I64)

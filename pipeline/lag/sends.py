@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.lag.table import unique_ints
+
 SECOND_MS = 1000
 QUEUE = ("cluster", "topic", "broker_name", "queue_id")
 I64 = np.int64
@@ -44,7 +46,7 @@ def per_second(sends: pa.Table, coordinates: Sequence[str]) -> pa.Table:
     kept = [_first_of_each(sends, order[best], group[best], coordinates)
             for best in (high == np.repeat(np.maximum.reduceat(high, starts), sizes),
                          low == np.repeat(np.minimum.reduceat(low, starts), sizes))]
-    rows = np.unique(np.concatenate(kept))
+    rows = unique_ints(np.concatenate(kept))  # (np.unique hashes: ~3x the whole cut's time at 100x)
     return sends if len(rows) == n else sends.take(pa.array(rows))
 
 

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from pipeline.lag.model import UNKNOWN
-from pipeline.lag.offsets import OffsetIndex, add_points, max_offsets_at, offsets_at_time
+from pipeline.lag.offsets import (
+    OffsetIndex,
+    add_points,
+    downsample_points,
+    max_offsets_at,
+    offsets_at_time,
+    segmented_cummax,
+    thin,
+)
 from pipeline.lag.timelag import METHOD_NAMES, time_lags
 
 I64 = np.int64
@@ -79,6 +87,41 @@ def test_index_stays_bounded_keeps_oldest_and_recent_points() -> None:
     gaps = np.diff([p[0] for p in pts])
     assert gaps[0] > gaps[-1]  # older points are sparser than recent ones
     assert all(t == o * 10 for o, t in pts)  # kept points are exact
+
+
+def resorted(index: OffsetIndex, qkey: np.ndarray, offset: np.ndarray, store_ms: np.ndarray, max_points: int) -> OffsetIndex:
+    """What :func:`add_points` must equal: the new points thinned, all points sorted again, the
+    earliest time per offset, times running up, every queue thinned."""
+    order = np.lexsort((store_ms, offset, qkey))
+    qkey, offset, store_ms = qkey[order], offset[order], store_ms[order]
+    keep = downsample_points(qkey, offset, store_ms, max_points)
+    q = np.concatenate([index.qkey, qkey[keep]])
+    o = np.concatenate([index.offset, offset[keep]])
+    t = np.concatenate([index.store_ms, store_ms[keep]])
+    order = np.lexsort((t, o, q))
+    q, o, t = q[order], o[order], t[order]
+    first = np.r_[True, (q[1:] != q[:-1]) | (o[1:] != o[:-1])]
+    q, o, t = q[first], o[first], t[first]
+    return thin(OffsetIndex(q, o, segmented_cummax(q, t)), max_points)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_points_merged_into_the_index_equal_the_whole_index_sorted_again(seed: int) -> None:
+    """New points go into their queues' places (repeated offsets, equal times, queues new between
+    old ones, queues without new points, overflowing queues) as if everything were sorted again."""
+    rng = np.random.default_rng(seed)
+    want = got = OffsetIndex.empty()
+    for _ in range(30):
+        n = int(rng.integers(0, 300))
+        qkey = rng.choice(rng.permutation(40)[: int(rng.integers(1, 40))], n).astype(I64)
+        offset = rng.integers(0, 400, n).astype(I64)
+        store_ms = offset * 10 + rng.integers(-30, 30, n)
+        store_ms[rng.random(n) < 0.2] = 5_000  # equal times
+        want = resorted(want, qkey, offset, store_ms, 16)
+        got = add_points(got, qkey, offset, store_ms, 16)
+        for a, b in ((got.qkey, want.qkey), (got.offset, want.offset), (got.store_ms, want.store_ms)):
+            assert a.tolist() == b.tolist()
+    assert len(got) > 300
 
 
 def test_many_sends_in_one_batch_bring_few_points() -> None:
