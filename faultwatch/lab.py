@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.children import DIE_WITH_PARENT, stop_child
+from pipeline.children import DIE_WITH_PARENT, stop_children
 from pipeline.java_clients import LabDriver, start_poller
 from pipeline.jvm import JvmError
 
@@ -155,15 +155,18 @@ def faultwatch(*args: str, log: Path) -> subprocess.Popen[bytes]:
                                 preexec_fn=DIE_WITH_PARENT)  # noqa: PLW1509
 
 
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then whatever is left of the session the lab started it in (Spark's JVM, its workers)."""
-    stop_child(proc, 30)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def stop_groups(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to all together (30 s for all), then whatever is left of the sessions the lab started them
+    in (Spark's JVM, its workers)."""
+    stop_children(list(procs), 30)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def start_fleet(run: LabRun, namesrv: str) -> None:
-    # One after another, from this thread: a driver JVM dies with the thread that started it.
+    """The producers' JVMs start side by side, all from this thread (a driver JVM dies with the thread
+    that started it); then each one's readiness and client id are read."""
     for i, (version, enable, feed) in enumerate(FLEET):
         # RocketMQ group names allow letters, digits, '-', '_', '%' and '|'
         name = f"p{i}-v{version.replace('.', '')}-{'on' if enable else 'off'}{'-feed' if feed else ''}"
@@ -173,10 +176,10 @@ def start_fleet(run: LabRun, namesrv: str) -> None:
         if feed:
             options |= {"feed": "kafka", "feed_topic": run.avoidance_topic}
         home = run.root / "producers" / name
-        driver = LabDriver(version, home, **options)
-        p = LabProducer(name, version, enable, feed, driver)
-        p.client_id = driver.command("faults")["client_id"]
-        run.producers.append(p)
+        run.producers.append(LabProducer(name, version, enable, feed, LabDriver.launched(version, home, **options)))
+    for p in run.producers:
+        p.driver.ready()
+        p.client_id = p.driver.command("faults")["client_id"]
 
 
 def snapshot_all(run: LabRun, phase: str) -> None:
@@ -397,10 +400,11 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
         say("lab facts: " + json.dumps(facts["facts"], sort_keys=True))
         return 0
     finally:
+        for p in run.producers:  # their producers shut down side by side
+            p.driver.quit()
         for p in run.producers:
             p.driver.close()
-        for child in children:
-            stop_group(child)
+        stop_groups(children)
         if cluster is not None:
             cluster.stop()
         kafka.close()

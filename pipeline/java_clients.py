@@ -62,6 +62,18 @@ class LabDriver:
     """A real producer (``io.faultwatch.rocketmq.lab.Driver``) at ``client_version``, driven line by line."""
 
     def __init__(self, client_version: str, home: Path, jvm_args: Sequence[str] = (), **options: str) -> None:
+        self._launch(client_version, home, jvm_args, options)
+        self.ready()
+
+    @classmethod
+    def launched(cls, client_version: str, home: Path, jvm_args: Sequence[str] = (), **options: str) -> LabDriver:
+        """A driver whose JVM is started and not waited for: call :meth:`ready` before any command
+        (several drivers then start side by side)."""
+        driver = cls.__new__(cls)
+        driver._launch(client_version, home, jvm_args, options)
+        return driver
+
+    def _launch(self, client_version: str, home: Path, jvm_args: Sequence[str], options: dict[str, str]) -> None:
         args = [a for k, v in options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
         argv = _java(client_classpath(client_version), "io.faultwatch.rocketmq.lab.Driver", args, 256, home, jvm_args)
         self.client_version = client_version
@@ -72,10 +84,14 @@ class LabDriver:
             preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
+        self._quitting = False
         threading.Thread(target=self._read, daemon=True).start()
-        ready = self._next(120.0)
-        if ready.get("cmd") != "ready":
-            raise JvmError(f"the lab driver did not start: {ready}")
+
+    def ready(self, timeout_s: float = 120.0) -> None:
+        """Wait for the driver's first line, its producer started (once, for a :meth:`launched` driver)."""
+        line = self._next(timeout_s)
+        if line.get("cmd") != "ready":
+            raise JvmError(f"the lab driver did not start: {line}")
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -107,16 +123,24 @@ class LabDriver:
         self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
+    def quit(self) -> None:
+        """Ask the driver to shut its producer down and exit, without waiting (:meth:`close` waits)."""
+        if self.proc.poll() is None and not self._quitting:
+            self._quitting = True
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write("quit\n")
                 self.proc.stdin.flush()
-                self.proc.wait(20)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+            except OSError:
+                pass  # it exited meanwhile: close() reaps it
+
+    def close(self) -> None:
+        self.quit()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._log.close()
 
 

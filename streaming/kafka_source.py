@@ -261,8 +261,9 @@ def _client_options(options: dict[str, str]) -> dict[str, Any]:
 
 
 def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
-    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff. A position out
-    of the partition's range resets to its beginning unless ``extra`` says otherwise."""
+    """A group-less KafkaConsumer, retried until ``connect_timeout_s`` with backoff (each attempt's
+    bootstrap bounded by the time left: kafka-python's own bound is 30 s). A position out of the
+    partition's range resets to its beginning unless ``extra`` says otherwise."""
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
@@ -271,10 +272,11 @@ def _make_consumer(options: dict[str, str], **extra: Any) -> Any:
     delay = 0.2
     while True:
         try:
+            left_ms = max(100, int((deadline - time.monotonic()) * 1000))
             return KafkaConsumer(
                 group_id=None,
                 enable_auto_commit=False,
-                **{"auto_offset_reset": "earliest", **_client_options(options), **extra},
+                **{"auto_offset_reset": "earliest", "bootstrap_timeout_ms": left_ms, **_client_options(options), **extra},
             )
         except KafkaError as exc:
             if time.monotonic() + delay > deadline:

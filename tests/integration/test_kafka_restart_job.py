@@ -23,9 +23,11 @@ from tests.integration.test_stream_restarts import STARTED, _assert_same_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-# Longer than kafka-python's own request timeout (30 s), so a look-up the job sends into the outage
-# times out inside it and must be retried (a 20 s outage passed or failed on how long the restart took).
-OUTAGE_S = 45.0
+# The job's client request timeout here, and an outage more than twice as long: a look-up the job
+# sends into the outage times out inside it and must be retried (with kafka-python's default 30 s
+# and a 20 s outage, the test passed or failed on how long the restart took).
+REQUEST_TIMEOUT_MS = 8_000
+OUTAGE_S = 20.0
 
 SIMULATED_S = 60.0  # broker-b is down from 30 s of it: the job sees an outage of RocketMQ's too
 MAX_EVENTS_PER_BATCH = 3000  # ~8 micro-batches per query
@@ -51,7 +53,7 @@ def test_every_table_equals_a_clean_run_after_a_broker_restart_mid_backlog(cfg: 
     broker = start_apache_kafka(topics=Config().topics.all(), partitions=2, home=tmp_path / "kafka")
     try:
         cfg = cfg.replace(kafka__bootstrap_servers=broker.bootstrap, kafka__connect_timeout_s=240.0,
-                          stream__max_events_per_batch=MAX_EVENTS_PER_BATCH)
+                          kafka__request_timeout_ms=REQUEST_TIMEOUT_MS, stream__max_events_per_batch=MAX_EVENTS_PER_BATCH)
         scenario = load_scenario("broker-outage").replace(duration_s=SIMULATED_S)
         Simulation(scenario, seed=47).run(KafkaSink(cfg), close=True)
 
