@@ -9,8 +9,8 @@ Starts a local Kafka broker, the simulator accelerated (``--speed`` virtual seco
 ending at the wall clock), ``faultwatch stream`` (the default job with ``[maintenance]``) and
 ``faultwatch serve``, and runs a publisher cycle every ``publish.interval_s``. Every ``--every-s`` it
 prints a point: files, bytes and log length per table, the job's state, each process tree's RSS and
-CPU, the micro-batches since the last point, serve's refresh and the publisher's cycle time, and
-the event time reached. After ``--minutes`` or ``--batches`` it compares the point after the first
+CPU, the micro-batches since the last point, serve's refresh and the publisher's cycle time (medians
+since the last point), and the event time reached. After ``--minutes`` or ``--batches`` it compares the point after the first
 tenth with the last, PASS or FAIL against 1.5x. Two soaks may run at once (own directories and
 ports); ``--jvm`` is the job's ``[spark] jvm``. Figures: docs/performance.md.
 """
@@ -193,11 +193,15 @@ def start(args: list[str], log: Path, on_line: Any = None) -> subprocess.Popen[s
 
 
 def point(elapsed: float, root: Path, watch: Watch, procs: dict[str, int], port: int,
-          cycles: list[tuple[float, str]], epoch_s: float) -> dict[str, Any]:
+          cycles: list[tuple[float, str]], refreshes: list[float], epoch_s: float) -> dict[str, Any]:
+    """The figures now; serve's refresh and the publisher's cycle as medians of the ones since the last
+    point (``cycles`` and ``refreshes``: only those), so one slow moment does not make the point."""
     took, steps = watch.take()
     step_s = [float(m.group(1)) for s in steps if (m := STEP_SECONDS.search(s))]
     sizes = table_sizes(root) if root.exists() else {}
     refresh, newest = serve_figures(port)
+    refresh = statistics.median(refreshes) if refreshes else refresh
+    cycle = (statistics.median(c[0] for c in cycles), cycles[-1][1], len(cycles)) if cycles else None
     import os
 
     return {
@@ -208,7 +212,7 @@ def point(elapsed: float, root: Path, watch: Watch, procs: dict[str, int], port:
         "batch_n": len(took), "batch_p50": statistics.median(took) if took else float("nan"),
         "batch_max": max(took, default=float("nan")), "steps": len(steps), "step_max": max(step_s, default=0.0),
         "rss": {name: tree_rss(pid) for name, pid in procs.items()} | {"bench+publisher": _own_rss()}, "serve_refresh": refresh,
-        "cycle": cycles[-1] if cycles else None, "files": sum(v[0] for v in sizes.values()),
+        "cycle": cycle, "files": sum(v[0] for v in sizes.values()),
         "bytes": sum(v[1] for v in sizes.values()), "commits": sum(v[2] for v in sizes.values()),
         "live_files": sum(v[3] for v in sizes.values()), "tables": sizes,
     }
@@ -216,7 +220,7 @@ def point(elapsed: float, root: Path, watch: Watch, procs: dict[str, int], port:
 
 def show(p: dict[str, Any]) -> None:
     rss = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in p["rss"].items())
-    cycle = f"{p['cycle'][0]:.1f}s ({p['cycle'][1]})" if p["cycle"] else "-"
+    cycle = f"{p['cycle'][0]:.1f}s ({p['cycle'][1]}, median of {p['cycle'][2]})" if p["cycle"] else "-"
     refresh = f"{p['serve_refresh']:.2f}s" if p["serve_refresh"] is not None else "-"
     cpu = ", ".join(f"{k} {v:,.0f}" for k, v in p["cpu_s"].items())
     print(f"[{p['minutes']:5.1f} min, load {p['load']:.1f}, {p['event_h']:.1f} h of event time] "
@@ -324,16 +328,20 @@ def main() -> None:
             done = False
             while not done:
                 due = min(time.monotonic() + args.every_s, began + seconds)
+                refreshes: list[float] = []
+                seen = len(cycles)
                 while time.monotonic() < due and not done:
                     stop.wait(min(5.0, max(0.0, due - time.monotonic())))
                     done = bool(args.batches) and watch.total_batches >= args.batches
+                    if (refresh := serve_figures(port)[0]) is not None:
+                        refreshes.append(refresh)
                 done = done or time.monotonic() - began >= seconds
                 for name, proc in procs.items():
                     if proc.poll() is not None and name != "simulate":
                         raise SystemExit(f"{name} exited with {proc.returncode}; see {work / (name + '.log')}")
                 pids = {n: p.pid for n, p in procs.items()}
-                points.append(point(time.monotonic() - began, Path(cfg.storage.root), watch, pids, port, cycles,
-                                    epoch / 1000))
+                points.append(point(time.monotonic() - began, Path(cfg.storage.root), watch, pids, port,
+                                    cycles[seen:], refreshes, epoch / 1000))
                 show(points[-1])
         except KeyboardInterrupt:
             print("stopped early: the table compares the points so far", flush=True)
