@@ -29,13 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import objstore
-from pipeline.config import MaintenanceConfig
+from pipeline.config import Config, MaintenanceConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Maintainer", "StepResult", "compact", "ensure_properties", "expire", "maintain_all", "vacuum"]
+__all__ = ["Maintainer", "StepResult", "compact", "ensure_properties", "expire", "maintain_all", "publisher_upkeep",
+           "vacuum"]
 
 STEP_METADATA = "faultwatch.maintenance"
+# The tables the publisher writes (a commit or two per cycle, every cycle), and where their
+# schedule is kept: under checkpoint_root, as the job keeps its own beside its checkpoint.
+PUBLISHER_TABLES = ("publisher_cycles", "avoidance_recommendations", "alert_state")
+PUBLISHER_SCHEDULE = ("publisher", "faultwatch-maintenance.json")
 
 
 @dataclass(frozen=True)
@@ -269,3 +274,26 @@ class Maintainer:
             log.info("maintenance: %s", result.describe())
         self._save()
         return result
+
+
+def publisher_upkeep(cfg: Config) -> StepResult | None:
+    """The publisher's tables after one of its cycles, on the job's schedule (one step at most).
+
+    Each cycle commits to ``publisher_cycles`` (and to the others when it publishes or alerts), and
+    every cycle reads them back: unmaintained, a week of cycles is ~10,000 small files and commits to
+    list and replay. Compaction counts cycles as the job counts micro-batches; vacuum and data
+    retention go by the same settings. Never raises: upkeep must not fail a cycle.
+    """
+    if not cfg.maintenance.enabled:
+        return None
+    try:
+        from pipeline.deltaio import table_exists
+
+        tables = [t for t in PUBLISHER_TABLES if table_exists(cfg.storage.root, t)]
+        if not tables:
+            return None
+        state = objstore.join(cfg.storage.checkpoint_root, *PUBLISHER_SCHEDULE)
+        return Maintainer(cfg.storage.root, tables, cfg.maintenance, state).after_batch(tables)
+    except Exception:  # e.g. a table another publisher is creating: tried again next cycle
+        log.warning("maintenance of the publisher's tables failed", exc_info=True)
+        return None

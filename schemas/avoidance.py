@@ -32,6 +32,7 @@ AVOIDANCE_RECOMMENDATIONS = TableSpec(
         Field("policy_version", "string"),
         Field("decided_ms", "int64"),
     ),
+    time_column="decided_ms",
 )
 
 CYCLE_STEPS = ("avoidance", "alerts", "lag_alerts")  # lag_alerts: rows of older versions
@@ -67,6 +68,7 @@ PUBLISHER_CYCLES = TableSpec(
         Field("claim", "string", nullable=True,
               doc="claimed: the decision (JSON) of the cycle, so whoever finishes it publishes exactly this"),
     ),
+    time_column="decided_ms",
 )
 
 register(AVOIDANCE_RECOMMENDATIONS, PUBLISHER_CYCLES)

@@ -1,7 +1,7 @@
 """``faultwatch maintain``: compact, checkpoint and vacuum every Delta table under storage.root once.
 
-The streaming job runs the same steps itself between micro-batches ([maintenance] in the config);
-this command is for tables nothing else maintains (the publisher's), for a job run with
+The streaming job runs the same steps itself between micro-batches ([maintenance] in the config),
+and the publisher on its own tables after its cycles; this command is for a job run with
 ``maintenance.enabled = false``, and for an Airflow task or a cron entry.
 """
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import Config
+from pipeline.maintenance import publisher_upkeep
 from pipeline.policy import Decision, PreviousState, Snapshot
 from pipeline.publish import sinks
 from pipeline.publish.alert_step import send_alerts
@@ -79,6 +80,8 @@ def run_alerts(cfg: Config, cycle_number: int, at_ms: int | None = None) -> dict
     except Exception as exc:
         record_failure(cfg, cycle_number, now, short_reason(exc), ALERTS_STEP)
         raise
+    finally:  # the DAG's last task: the cycle's commits are all made
+        publisher_upkeep(cfg)
 
 
 def _avoidance(cfg: Config, inp: CycleInput) -> tuple[str, GateResult | None, Decision | None, str | None]:
@@ -120,4 +123,5 @@ def run_cycle(cfg: Config, cycle_number: int | None = None, at_ms: int | None = 
         sent = 0
         if status != "failed":
             status, reason = "failed", f"alerts: {short_reason(exc)}"
+    publisher_upkeep(cfg)
     return CycleReport(inp.cycle_id, status, gate, decision, sent, reason)

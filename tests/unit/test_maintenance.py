@@ -285,3 +285,41 @@ def test_a_row_stamped_in_the_future_expires_nothing_before_the_clock_says_so(tm
     write_deltalake(uri, pa.table(rows, schema=spec.arrow_schema()))
     assert expire(uri, replace(CFG, data_retention_h=1)) == 1
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("detail").to_pylist()) == ["future", "recent"]
+
+
+def test_the_publishers_tables_are_maintained_after_its_cycles(tmp_path: Path) -> None:
+    """Each cycle commits to publisher_cycles and reads it back: after the cycles it counts, the
+    publisher compacts it, then vacuums it with the data retention (by decided_ms); its schedule
+    lives under checkpoint_root. A cycle with nothing to maintain does nothing."""
+    from pipeline.config import Config
+    from pipeline.maintenance import publisher_upkeep
+    from pipeline.publish.sinks import append_rows
+
+    cfg = Config().replace(storage__root=str(tmp_path / "tables"), storage__checkpoint_root=str(tmp_path / "ck"),
+                           maintenance__compact_every_batches=3, maintenance__data_retention_h=1.0,
+                           maintenance__vacuum_retention_h=24.0, maintenance__vacuum_interval_s=3600.0)
+    assert publisher_upkeep(cfg) is None  # no table yet
+    now = int(time.time() * 1000)
+
+    def cycle(i: int) -> None:
+        append_rows(cfg.storage.root, "publisher_cycles", [{
+            "cycle_id": str(i), "cycle_number": i, "step": "avoidance", "status": "rejected",
+            "decided_ms": now - (6 - i) * HOUR_MS, "clusters": 1, "avoided": 0, "kept_available": 0,
+            "failed_checks": ["x"], "alerts": 0, "policy_version": "v1"}])
+
+    steps = []
+    for i in range(6):
+        cycle(i)
+        steps.append(publisher_upkeep(cfg))
+    uri = str(tmp_path / "tables" / "publisher_cycles")
+    assert [s.step if s else None for s in steps] == [None, None, "compact", None, None, "compact"]
+    assert len(_live(uri)) == 1
+    schedule = json.loads((tmp_path / "ck" / "publisher" / "faultwatch-maintenance.json").read_text())
+    assert schedule["publisher_cycles"]["batches"] == 0
+    schedule["publisher_cycles"]["vacuumed_at"] = 0.0  # an hour later: the vacuum is due
+    (tmp_path / "ck" / "publisher" / "faultwatch-maintenance.json").write_text(json.dumps(schedule))
+    cycle(6)
+    done = publisher_upkeep(cfg)
+    assert done is not None and (done.step, done.rows_expired) == ("vacuum", 5)  # decided over an hour before the newest
+    kept = read_table(cfg.storage.root, "publisher_cycles").column("cycle_id").to_pylist()
+    assert sorted(kept) == ["5", "6"]
