@@ -30,7 +30,6 @@ DIE_WITH_PARENT: Callable[[], None] | None = die_with_parent if sys.platform.sta
 def stop_children(procs: list[subprocess.Popen[bytes] | None], timeout_s: float) -> None:
     """:func:`stop_child` for several at once: all get SIGTERM together and share the one deadline
     (brokers that each take seconds to shut down then cost the slowest one's time, not the sum)."""
-
     live = [p for p in procs if p is not None and p.poll() is None]
     for proc in live:
         proc.send_signal(signal.SIGCONT)
@@ -46,12 +45,4 @@ def stop_children(procs: list[subprocess.Popen[bytes] | None], timeout_s: float)
 
 def stop_child(proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
     """SIGTERM (after SIGCONT: a stopped process cannot handle it), then SIGKILL after ``timeout_s``."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGCONT)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_children([proc], timeout_s)

@@ -112,8 +112,9 @@ def expire(uri: str, cfg: MaintenanceConfig, dt: Any = None) -> int:
     Age is event time, by the table's ``time_column``, and counts from the newest row (or the wall
     clock, if that is earlier) rather than from the clock: a job catching up on a backlog, or
     replaying one, keeps what it just wrote, a long outage deletes nothing, and a row stamped in the
-    future (a Kafka timestamp is the producer's) cannot take the others with it. Files whose statistics put them wholly past the cutoff go
-    without being read; the few that straddle it are rewritten. Tables without a time column, and
+    future (a Kafka timestamp is the producer's) cannot take the others with it. Files whose
+    statistics put them wholly past the cutoff go without being read; the few that straddle it are
+    rewritten. Tables without a time column, and
     ``data_retention_h = 0``, keep every row.
     """
     from deltalake import DeltaTable
