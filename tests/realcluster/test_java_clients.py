@@ -200,3 +200,31 @@ def test_feed_has_no_effect_when_the_producer_runs_without_latency_fault_toleran
     # the client never reads its fault table with sendLatencyFaultEnable=false: broker-b still gets sends
     assert sends["failed"] == 0 and sends["by_broker"].get("broker-b", 0) > 0, sends
     assert "sendLatencyFaultEnable=false" in d.tail(200)
+
+
+def test_feed_client_reads_again_once_kafka_is_back(driver, rmq_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Kafka away when the feed starts (or slow to answer): its reader retries instead of stopping for good."""
+    from kafka import KafkaProducer
+
+    from pipeline.kafka_local import start_local_kafka
+
+    port = free_port()
+    d = driver("4.9.8", topic=rmq_topic, feed="kafka", kafka=f"127.0.0.1:{port}", feed_topic="rmq.avoidance")
+    assert d.command("send 12")["failed"] == 0
+    deadline = time.monotonic() + 120
+    while d.command("feedstats")["reader_errors"] < 1:  # its topic look-up timed out (5 s)
+        assert time.monotonic() < deadline, d.command("feedstats")
+        time.sleep(0.5)
+    with start_local_kafka(port=port, topics=["rmq.avoidance"], partitions=2, log_dir=tmp_path) as kafka:
+        now = int(time.time() * 1000)
+        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+        producer.send("rmq.avoidance", key=b"DefaultCluster",
+                      value=avoidance_list(now, now + 180_000, {"broker-b": now + 60_000}).encode())
+        producer.flush()
+        producer.close()
+        deadline = time.monotonic() + 120
+        while items_by_broker(d).get("broker-b", {}).get("start_timestamp", 0) < now + 60_000:
+            assert time.monotonic() < deadline, (items_by_broker(d), d.command("feedstats"), d.tail())
+            time.sleep(0.5)
+    assert d.command("feedstats")["records"] == 1
+    assert "reading rmq.avoidance failed, retrying" in d.tail(200)

@@ -19,6 +19,7 @@ import java.util.logging.Logger;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -46,6 +47,8 @@ public final class AvoidanceFeed implements AutoCloseable {
     private final List<Target> targets = new CopyOnWriteArrayList<>();
     private final AtomicLong rejected = new AtomicLong();
     private final AtomicLong records = new AtomicLong();
+    private final AtomicLong readerErrors = new AtomicLong();
+    private volatile String lastReaderError;
     private volatile String lastRejection;
     private final long reapplyMs;
     private volatile boolean running = true;
@@ -140,6 +143,15 @@ public final class AvoidanceFeed implements AutoCloseable {
         return rejected.get();
     }
 
+    /** Failed reads of the topic so far (each retried; the reader stops only on a bad setting). */
+    public long readerErrors() {
+        return readerErrors.get();
+    }
+
+    public String lastReaderError() {
+        return lastReaderError;
+    }
+
     public long records() {
         return records.get();
     }
@@ -207,20 +219,35 @@ public final class AvoidanceFeed implements AutoCloseable {
                      new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
             Set<TopicPartition> assigned = new HashSet<>();
             long lastApply = 0;
+            int failedInARow = 0;
             while (running) {
-                assigned = assignNew(consumer, topic, assigned);
-                for (ConsumerRecord<byte[], byte[]> r : consumer.poll(Duration.ofMillis(Math.min(reapplyMs, 500)))) {
-                    accept(r.value());
-                }
                 long now = System.currentTimeMillis();
-                if (now - lastApply >= reapplyMs) {
+                if (now - lastApply >= reapplyMs) {  // the lists in hand keep applying while Kafka is away
                     applyAll(now);
                     lastApply = now;
                 }
+                try {
+                    assigned = assignNew(consumer, topic, assigned);
+                    for (ConsumerRecord<byte[], byte[]> r : consumer.poll(Duration.ofMillis(Math.min(reapplyMs, 500)))) {
+                        accept(r.value());
+                    }
+                    failedInARow = 0;
+                } catch (KafkaException e) {  // a broker away or slow: the same consumer tries again
+                    readerErrors.incrementAndGet();
+                    lastReaderError = e.toString();
+                    if (failedInARow++ == 0) {
+                        LOG.warning("faultwatch feed: reading " + topic + " failed, retrying: " + e);
+                    }
+                    Thread.sleep(Math.min(200L << Math.min(failedInARow, 7), 10_000L));
+                }
             }
-        } catch (RuntimeException e) {
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (RuntimeException e) {  // a bad setting (the consumer cannot even be made): nothing to retry
             if (running) {
-                LOG.warning("faultwatch feed: Kafka reader stopped: " + e);
+                readerErrors.incrementAndGet();
+                lastReaderError = e.toString();
+                LOG.severe("faultwatch feed: Kafka reader stopped: " + e);
             }
         }
     }

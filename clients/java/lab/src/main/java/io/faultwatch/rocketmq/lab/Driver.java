@@ -113,6 +113,7 @@ public final class Driver {
             case "feed":
                 out.put("accepted", feed.accept(parts[1].getBytes(StandardCharsets.UTF_8)));
                 out.put("rejected", feed.rejected());
+        out.put("reader_errors", feed.readerErrors());
                 out.put("last_rejection", feed.lastRejection());
                 break;
             case "feedstats": feedStats(out); break;
@@ -179,6 +180,7 @@ public final class Driver {
         }
         out.put("records", feed.records());
         out.put("rejected", feed.rejected());
+        out.put("reader_errors", feed.readerErrors());
         out.put("first_applied_ms", feedTarget.firstAppliedMs());
         out.put("applied", new TreeMap<>(feedTarget.applied()));
         out.put("first_applied_by_broker", new TreeMap<>(feedTarget.firstAppliedByBroker()));
