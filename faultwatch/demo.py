@@ -71,7 +71,8 @@ def start_serve(cfg: Config) -> tuple[Any, str | None]:
 
 
 class Publisher(threading.Thread):
-    """Runs one publisher cycle every ``publish.interval_s`` (what the Airflow DAG does in production).
+    """Runs the publisher cycles as ``faultwatch publish --every`` does: every ``publish.interval_s``
+    (what the Airflow DAG does in production), and one at once on each new fault episode.
 
     Cycles begin once the streaming job has committed fault rows: before that the inputs are empty,
     which the gate rightly rejects (and alerts on), but at the demo's start it is only noise.
@@ -85,17 +86,22 @@ class Publisher(threading.Thread):
         self.cycles: list[str] = []
 
     def run(self) -> None:
+        from pipeline.publish.watch import cycle_loop
+
+        cycle_loop(self.cfg, self.cycle, stop=self.stop)
+
+    def cycle(self, number: int | None) -> None:
+        """One cycle, regular or early (a new episode), once the inputs are there."""
         from pipeline.publish import run_cycle
 
-        while not self.stop.wait(self.cfg.publish.interval_s):
-            try:
-                if not self.inputs_ready():
-                    continue
-                report = run_cycle(self.cfg)
-                self.cycles.append(report.status)
-                self.alert_log.read()
-            except Exception as exc:  # noqa: BLE001 - a failed cycle must not end the demo; the next one retries
-                self.cycles.append(f"error: {type(exc).__name__}: {exc}")
+        try:
+            if not self.inputs_ready():
+                return
+            report = run_cycle(self.cfg, cycle_number=number)
+            self.cycles.append(report.status)
+            self.alert_log.read()
+        except Exception as exc:  # noqa: BLE001 - a failed cycle must not end the demo; the next one retries
+            self.cycles.append(f"error: {type(exc).__name__}: {exc}")
 
     def inputs_ready(self) -> bool:
         from pipeline.deltaio import table_has_rows

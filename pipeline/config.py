@@ -471,9 +471,14 @@ class PublishConfig:
     alert_lookback_s: float = 300.0
     # How long a Kafka send may wait for the broker's acknowledgement.
     send_timeout_s: float = 30.0
+    # `publish --every` / `--watch`: look this often for a new fault episode between the regular
+    # cycles; one starts a cycle at once (0: regular cycles only).
+    watch_interval_s: float = 1.0
 
     def validate(self) -> None:
         _positive(self, "interval_s", "alert_lookback_s", "send_timeout_s")
+        if self.watch_interval_s < 0:
+            raise ConfigError(f"publish.watch_interval_s must be >= 0 (0: no early cycles), got {self.watch_interval_s!r}")
         if not self.app_id:
             raise ConfigError("publish.app_id must not be empty")
 

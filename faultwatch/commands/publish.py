@@ -42,14 +42,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--every",
         action="store_true",
-        help="keep running one cycle per publish.interval_s until interrupted (without Airflow)",
+        help="keep running one cycle per publish.interval_s until interrupted (without Airflow); between "
+        "them, a new fault episode starts a cycle at once (publish.watch_interval_s)",
+    )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="only the early cycles: run one whenever a new fault episode appears, never on the interval "
+        "(beside the Airflow DAG, which keeps the regular cadence)",
     )
     p.add_argument(
         "--cycles",
         type=int,
         default=None,
         metavar="N",
-        help="with --every: stop after N cycles (default: run until interrupted)",
+        help="with --every or --watch: stop after N cycles, early ones included (default: run until interrupted)",
     )
     p.set_defaults(handler=run)
 
@@ -68,25 +75,26 @@ def _print_report(report: CycleReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     from pipeline.publish import run_cycle
+    from pipeline.publish.watch import cycle_loop
 
-    if args.cycles is not None and (not args.every or args.cycles < 1):
-        print(f"faultwatch publish: --cycles needs --every and at least 1, got {args.cycles}", file=sys.stderr)
+    looping = args.every or args.watch
+    if args.cycles is not None and (not looping or args.cycles < 1):
+        print(f"faultwatch publish: --cycles needs --every or --watch and at least 1, got {args.cycles}",
+              file=sys.stderr)
+        return 2
+    if args.every and args.watch:
+        print("faultwatch publish: --every already runs the early cycles; --watch is for beside the DAG",
+              file=sys.stderr)
         return 2
     cfg = config_from_args(args)
-    if not args.every:
+    if not looping:
         report = run_cycle(cfg, cycle_number=args.cycle_id)
         _print_report(report)
         return EXIT_CODES[report.status]
-    interval, done = cfg.publish.interval_s, 0
-    while True:
-        try:
-            _print_report(run_cycle(cfg))
-        except Exception:  # one bad cycle must not stop the loop; the next one retries
-            log.exception("publisher cycle failed")
-        done += 1
-        if args.cycles is not None and done >= args.cycles:
-            return 0
-        time.sleep(interval - (time.time() % interval))
+    if args.watch and cfg.publish.watch_interval_s <= 0:
+        print("faultwatch publish: --watch needs publish.watch_interval_s > 0", file=sys.stderr)
+        return 2
+    cycle_loop(cfg, lambda number: _print_report(run_cycle(cfg, cycle_number=number)),
+               regular=args.every, cycles=args.cycles)
+    return 0

@@ -78,3 +78,60 @@ def test_two_publish_every_loops_publish_each_cycle_once(cfg: Config, kafka, tmp
     skipped = Counter(r["cycle_id"] for r in avoidance if r["status"] == "skipped")
     assert set(skipped) <= {cycle for cycle, v in by_cycle.items() if ("skipped" in {s for s, _ in v})}
     assert set(skipped.values()) <= {1}
+
+
+def read_verdicts(proc: subprocess.Popen[str], n: int, timeout_s: float = 120.0) -> list[tuple[str, str, str]]:
+    """The next ``n`` cycle verdict lines the loop prints (bounded; other lines are skipped)."""
+    assert proc.stdout is not None
+    found: list[tuple[str, str, str]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(found) < n:
+        assert time.monotonic() < deadline and proc.poll() is None, found
+        line = proc.stdout.readline()
+        found += LINE.findall(line)
+    return found
+
+
+def wait_line(proc: subprocess.Popen[str], text: str, timeout_s: float = 120.0) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while text not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None, f"no line with {text!r}"
+
+
+@pytest.mark.parametrize("mode", ["--every", "--watch"])
+def test_a_new_episode_is_published_at_once_between_regular_cycles(cfg: Config, kafka, tmp_path: Path,
+                                                                   mode: str) -> None:  # type: ignore[no-untyped-def]
+    """The interval is an hour: only the watch can publish b3's suspected episode while the loop runs.
+    ``--every`` runs its regular cycle at start; ``--watch`` (beside the DAG) only the early one."""
+    from dag_inputs import S, episode_row, write
+
+    c = unique_topics(cfg, kafka, "early" + mode.strip("-"))
+    now = int(time.time() * 1000)
+    write_inputs(c.storage.root, now)
+    conf = write_config(c, tmp_path / "fw.toml", publish={"interval_s": 3600.0, "watch_interval_s": 0.2},
+                        policy={"max_input_age_s": 1800.0, "max_avoid_share": 0.5})
+    regular = mode == "--every"
+    proc = subprocess.Popen([FAULTWATCH, "publish", "--config", str(conf), mode, "--cycles", str(1 + regular)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        first = read_verdicts(proc, 1)[0] if regular else None
+        wait_line(proc, "early cycles: a new episode")  # the watch's first look is done
+        written = int(time.time() * 1000)
+        write(c.storage.root, "broker_fault_episodes_live",
+              [episode_row("b3", written - 5 * S, 0, written) | {"state": "suspected"}])
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, out
+    early = LINE.findall(out)
+    assert len(early) == 1 and early[0][1] == "published", out
+    assert "avoid c1/b2, c1/b3" in early[0][2], out
+    assert int(early[0][0]) >= written and int(early[0][0]) % 3_600_000 != 0, early  # its time, not the hour's
+    records = read_topic(c.kafka.bootstrap_servers, c.topics.avoidance)
+    expected = ([first[0]] if first else []) + [early[0][0]]
+    assert [m["cycle_id"] for _, m in records] == expected
+    assert sorted(e["broker_name"] for e in records[-1][1]["avoid"]) == ["b2", "b3"]
+    rows = read_table(c.storage.root, "publisher_cycles", columns=["cycle_id", "step", "status"]).to_pylist()
+    assert sorted(r["cycle_id"] for r in rows if r["step"] == "avoidance" and r["status"] == "published") == expected

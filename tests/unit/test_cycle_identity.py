@@ -30,9 +30,14 @@ def test_describe_shows_the_time() -> None:
     assert describe_cycle(29_925_834) == "cycle 29925834"  # a number forced by hand, not a time
 
 
-@pytest.mark.parametrize("args", [["--cycles", "2"], ["--every", "--cycles", "0"]])
-def test_publish_cycles_needs_every_and_a_positive_count(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["--cycles", "2"], "--cycles needs --every or --watch and at least 1"),
+    (["--every", "--cycles", "0"], "--cycles needs --every or --watch and at least 1"),
+    (["--watch", "--cycles", "0"], "--cycles needs --every or --watch and at least 1"),
+    (["--every", "--watch"], "--every already runs the early cycles"),
+])
+def test_publish_loop_arguments_are_checked(args: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     from faultwatch.cli import main
 
     assert main(["publish", *args]) == 2  # refused before any configuration is read or table touched
-    assert "--cycles needs --every and at least 1" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
