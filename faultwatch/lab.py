@@ -3,7 +3,9 @@
 Apache Kafka and a name server with three brokers (Maven Central's jars) start on loopback; real Java
 producers on both client lines (``sendLatencyFaultEnable`` on and off, some with the feed client
 reading ``rmq.avoidance``) send at a steady rate through faultwatch's hook, a consumer group consumes,
-the admin poller polls, ``faultwatch stream`` runs live and ``faultwatch publish --every`` publishes.
+the admin poller polls, ``faultwatch stream`` runs live and ``faultwatch publish --every`` publishes
+(every 5 s, and at once on a new episode: the stream's 1 s trigger and 1 s grid keep detection short).
+Four more producers go idle from the kill until a few seconds after it (``LATE``).
 Phases: warm, broker-b SIGKILLed then restarted (the lab waits for its episode to close), broker-c
 SIGSTOPped for some seconds then resumed; then it waits (bounded) for the feed to release broker-b in
 the 4.9 producer that runs it. Each phase ends with every producer's own fault table read from the
@@ -40,6 +42,12 @@ KILLED, FROZEN = "broker-b", "broker-c"
 # (client version, sendLatencyFaultEnable, feed client): both lines, on and off, with and without the feed.
 FLEET = (("4.9.8", True, False), ("4.9.8", True, True), ("4.9.8", False, False),
          ("5.3.3", True, False), ("5.3.3", True, True), ("5.3.3", False, False))
+# Late producers (fault tolerance on, with and without the feed, both lines): idle from just before
+# the kill until LATE_S after it, like a producer whose next send comes a few seconds into an outage.
+# The busy fleet meets the dead broker within a send or two, before any list can reach it; these
+# show what the feed does for a producer that has not met it yet.
+LATE = (("4.9.8", True, False), ("4.9.8", True, True), ("5.3.3", True, False), ("5.3.3", True, True))
+LATE_S = 6.0
 SEND_BATCH = 2
 SEND_PAUSE_S = 0.2
 
@@ -53,8 +61,10 @@ class LabProducer:
     fault_enable: bool
     feed: bool
     driver: LabDriver
+    late: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+    hold: threading.Event = field(default_factory=threading.Event)  # set: no sends
     client_id: str = ""
     errors: list[str] = field(default_factory=list)
 
@@ -64,6 +74,8 @@ class LabProducer:
 
     def run(self) -> None:
         while not self.stop.wait(SEND_PAUSE_S):
+            if self.hold.is_set():
+                continue
             try:
                 self.command(f"send {SEND_BATCH}")
             except Exception as exc:  # noqa: BLE001 - kept for the summary; the lab goes on
@@ -122,13 +134,15 @@ root = "{root / 'tables'}"
 checkpoint_root = "{root / 'checkpoints'}"
 publish_dir = "{root / 'avoidance'}"
 [stream]
-trigger_interval_s = 2.0
+trigger_interval_s = 1.0
 watermark_delay_s = 5.0
 [faults]
+evaluation_interval_s = 1.0
 quorum_share = 0.6
 episode_close_after_s = {max(5.0, min(10.0, phase_s / 2))}
 [publish]
 interval_s = 5.0
+watch_interval_s = 0.5
 [policy]
 base_avoid_s = 15.0
 hysteresis_s = 30.0
@@ -167,16 +181,19 @@ def stop_groups(procs: list[subprocess.Popen[bytes]]) -> None:
 def start_fleet(run: LabRun, namesrv: str) -> None:
     """The producers' JVMs start side by side, all from this thread (a driver JVM dies with the thread
     that started it); then each one's readiness and client id are read."""
-    for i, (version, enable, feed) in enumerate(FLEET):
+    fleet = [(v, e, f, False) for v, e, f in FLEET] + [(v, e, f, True) for v, e, f in LATE]
+    for i, (version, enable, feed, late) in enumerate(fleet):
         # RocketMQ group names allow letters, digits, '-', '_', '%' and '|'
-        name = f"p{i}-v{version.replace('.', '')}-{'on' if enable else 'off'}{'-feed' if feed else ''}"
+        name = (f"p{i}-v{version.replace('.', '')}-{'on' if enable else 'off'}{'-feed' if feed else ''}"
+                f"{'-late' if late else ''}")
         options = {"topic": TOPIC, "group": f"lab-{name}", "instance": name, "cluster": CLUSTER,
                    "namesrv": namesrv, "kafka": run.bootstrap, "fault_enable": str(enable).lower(),
                    "send_timeout_ms": "3000"}
         if feed:
             options |= {"feed": "kafka", "feed_topic": run.avoidance_topic}
         home = run.root / "producers" / name
-        run.producers.append(LabProducer(name, version, enable, feed, LabDriver.launched(version, home, **options)))
+        run.producers.append(LabProducer(name, version, enable, feed, LabDriver.launched(version, home, **options),
+                                         late=late))
     for p in run.producers:
         p.driver.ready()
         p.client_id = p.driver.command("faults")["client_id"]
@@ -286,10 +303,18 @@ def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: 
     wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
     time.sleep(phase_s)  # the warm phase: steady traffic before any fault
     snapshot_all(run, "warm")
-    say(f"lab: phase warm done; SIGKILL {KILLED}")
+    late = [p for p in run.producers if p.late]
+    for p in late:
+        p.hold.set()
+        with p.lock:  # its send in progress, if any, is over
+            pass
+    say(f"lab: phase warm done; SIGKILL {KILLED} ({len(late)} late producers resume {LATE_S:.0f}s after it)")
     run.mark("kill")
     cluster.kill(KILLED)
-    time.sleep(phase_s)
+    time.sleep(LATE_S)
+    for p in late:
+        p.hold.clear()
+    time.sleep(max(0.0, phase_s - LATE_S))
     snapshot_all(run, "killed")
     say(f"lab: restarting {KILLED}")
     run.mark("restart")
@@ -371,7 +396,7 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
         children.append(faultwatch("stream", "--config", str(conf), log=root / "stream.log"))
         cluster = start_cluster(3, home=root / "rocketmq")
         cluster.create_topic(TOPIC, 4)
-        say(f"lab: faultwatch stream runs (log {root / 'stream.log'}); starting {len(FLEET)} producers")
+        say(f"lab: faultwatch stream runs (log {root / 'stream.log'}); starting {len(FLEET) + len(LATE)} producers")
         start_fleet(run, cluster.namesrv_addr)
         run.producers[0].command(f"consume {GROUP}")
         poller_home = root / "poller"
@@ -382,6 +407,9 @@ def run_lab(root: Path, phase_s: float = 30.0, freeze_s: float = 8.0, out: TextI
         with steady_sends(run):
             wait_until(lambda: events_in_bronze(run.storage_root) > 0, 600, "the stream's first bronze rows")
             children.append(faultwatch("publish", "--config", str(conf), "--every", log=root / "publish.log"))
+            # the kill must find the publisher watching: an episode already open at its start is no new one
+            wait_until(lambda: "early cycles:" in (root / "publish.log").read_text(errors="replace"), 300,
+                       "the publisher's first cycle")
             try:
                 run_phases(run, cluster, phase_s, freeze_s, say, sampler)
                 wait_release(sampler, 240, say)

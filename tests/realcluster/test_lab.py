@@ -44,12 +44,17 @@ def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_releas
     assert episode is not None and episode["opened_after_kill_s"] >= 0, episode
     assert episode["closed_after_kill_s"] is not None, episode
     # First-attempt failures with and without the feed are printed, not judged: whether a list reaches
-    # a producer before its own first send to the dead broker is a race (on a quiet machine each
-    # producer met the refused connection once before any list existed; under load the feed's
-    # producers failed fewer). The count must cover every fault-tolerant producer.
+    # a producer before its own first send to the dead broker is a race (the busy producers meet the
+    # refused connection before any list exists; the late ones only if the list took longer than
+    # their idle seconds, as under heavy load). The counts must cover every fault-tolerant producer.
     failures = facts["first_attempt_failures"]
     assert set(failures["per_producer"]) == {"p0-v498-on", "p1-v498-on-feed", "p3-v533-on", "p4-v533-on-feed"}, failures
     assert failures["with_feed"] + failures["without_feed"] == sum(failures["per_producer"].values()), failures
+    late = facts["first_attempt_failures_late"]
+    assert set(late["per_producer"]) == {"p6-v498-on-late", "p7-v498-on-feed-late", "p8-v533-on-late",
+                                         "p9-v533-on-feed-late"}, late
+    assert late["with_feed"] + late["without_feed"] == sum(late["per_producer"].values()), late
+    assert facts["kill_to_avoidance_s"] is not None and facts["kill_to_avoidance_s"] > 0, facts
     release = facts["release"]["broker_minutes"]["4.9.8"]
     # without the feed the refused connection's 10-minute window outlives the restart by most of it
     assert release["without_feed"] >= 5.0, facts["release"]

@@ -71,6 +71,23 @@ def test_the_oracle_counts_both_ways_and_needs_equal_ends(tmp_path: Path) -> Non
     assert oracle(run, windows, [], None) == {"killed": (0, 1), "frozen": (0, 2)}
 
 
+def test_a_state_folded_by_one_micro_batch_into_a_later_change_is_not_compared(tmp_path: Path) -> None:
+    """An isolation (until 601,000) read at 1,500, then a success at 1,700 ends it; the micro-batch that
+    wrote the window carried both, so its first row (written at 1,700) says 1,700: not a miss, not a match."""
+    run = LabRun(tmp_path, str(tmp_path), "127.0.0.1:1", "rmq.avoidance")
+    run.snapshots = [snapshot("frozen", 1_500, {"b": 601_000}), snapshot("frozen", 1_800, {})]
+    windows = [window("w1", "b", 1_000, 1_700, 0, 1_700), window("w1", "b", 1_000, 1_700, 1, 1_700, "closed")]
+    sends = [{"client_id": "c1", "broker_name": "b", "ts_ms": t} for t in (1_000, 1_700)]
+    misses: list[str] = []
+    folded: list[str] = []
+    assert oracle(run, windows, misses, None, sends, folded) == {"frozen": (0, 0)}
+    assert misses == [] and folded == [
+        "frozen p0 b: client until 601000, faultwatch's first row of the window written later (read at 1500)"]
+    # without a send between the reading and the row, the row is the state that stood: compared, a miss
+    assert oracle(run, windows, misses, None, sends[:1], folded) == {"frozen": (0, 1)}
+    assert len(misses) == 1
+
+
 @pytest.mark.parametrize(
     ("samples", "avoided", "released"),
     [
