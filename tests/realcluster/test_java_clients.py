@@ -115,8 +115,8 @@ def test_hook_delivers_again_once_kafka_is_back(driver, rmq_topic: str, tmp_path
     with start_local_kafka(port=port, topics=["rmq.send-results"], partitions=2, log_dir=tmp_path) as kafka:
         assert d.command("send 20")["failed"] == 0
         stats = d.command("flush")
-        assert stats["offered"] == 40 and stats["queued"] == 0, stats
-        assert stats["delivered"] + stats["dropped"] == 40 and stats["delivered"] >= 20, stats
+        # the 20 sent while Kafka was away waited in the queue (well under its bound): none is lost
+        assert (stats["offered"], stats["queued"], stats["delivered"], stats["dropped"]) == (40, 0, 40, 0), stats
         values = read_topic(kafka.bootstrap, "rmq.send-results", stats["delivered"])
         assert len(values) == stats["delivered"]
         assert all(decode_event("send_result", v)["topic"] == rmq_topic for v in values)

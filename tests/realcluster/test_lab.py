@@ -55,7 +55,15 @@ def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_releas
                                          "p9-v533-on-feed-late"}, late
     assert late["with_feed"] + late["without_feed"] == sum(late["per_producer"].values()), late
     assert facts["kill_to_avoidance_s"] is not None and facts["kill_to_avoidance_s"] > 0, facts
-    release = facts["release"]["broker_minutes"]["4.9.8"]
-    # without the feed the refused connection's 10-minute window outlives the restart by most of it
-    assert release["without_feed"] >= 5.0, facts["release"]
-    assert release["with_feed"] < release["without_feed"], facts["release"]
+    # Release on 4.9.8. Without the feed, a producer that met the refused connection keeps its 10-minute
+    # window long past the restart. Whether it met it is the client's choice: under load a slow send
+    # just before the kill (over 1 s: a 60 s window) kept one producer off broker-b the whole outage.
+    # With the feed, the release ends the window: the lab waits for it (bounded) in both feed producers.
+    per = facts["release"]["per_producer"]
+    met = {**failures["per_producer"], **late["per_producer"]}
+    for name in ("p0-v498-on", "p6-v498-on-late"):
+        if met[name] > 0:
+            assert per[name] >= 5.0, (name, facts["release"])
+    for name in ("p1-v498-on-feed", "p7-v498-on-feed-late"):
+        assert per[name] < 5.0, (name, facts["release"])
+    assert any(met[name] > 0 for name in ("p0-v498-on", "p6-v498-on-late", "p1-v498-on-feed")), met

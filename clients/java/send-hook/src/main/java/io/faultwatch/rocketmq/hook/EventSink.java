@@ -19,6 +19,7 @@ import org.apache.kafka.clients.producer.Callback;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
@@ -29,8 +30,10 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * fails a RocketMQ send. The sink thread is not woken per event: it drains the queue in batches every
  * 50 milliseconds (sooner when a batch fills), writes each event's JSON there and hands it to Kafka,
  * whose client gathers them into large lz4 batches.
- * Records the Kafka client could not deliver are counted as drops too. Drops are logged at most once
- * per interval, with the total so far.
+ * An event the Kafka client cannot take yet (no metadata or buffer space within max.block.ms) is held
+ * and tried again on the next pass, so a Kafka that is slow to answer while a host starts costs no
+ * event; records the Kafka client could not deliver are counted as drops. Drops are logged at most
+ * once per interval, with the total so far.
  */
 public final class EventSink implements AutoCloseable {
     private static final Logger LOG = Logger.getLogger(EventSink.class.getName());
@@ -65,6 +68,8 @@ public final class EventSink implements AutoCloseable {
         }
     };
     private volatile boolean closing;
+    // An event Kafka could not take yet, sent before the queue's next (the sink's thread only).
+    private Object held;
     // Why the last event that did not reach Kafka was lost (null while none was).
     private volatile String lastFailure;
     private long lastLogMs;
@@ -164,20 +169,36 @@ public final class EventSink implements AutoCloseable {
         }
     }
 
-    /** Encodes and sends up to one batch of queued events; returns how many it took. */
+    /**
+     * Encodes and sends up to one batch of queued events; returns how many it took from the queue. An
+     * event Kafka cannot take yet is held and tried first on the next pass.
+     */
     private int drain() {
+        if (held != null) {
+            Object item = held;
+            held = null;
+            if (!send(item)) {
+                held = item;
+                return 0;
+            }
+            settled.incrementAndGet();
+        }
         int taken = 0;
         Object item;
         while (taken < BATCH && (item = queue.poll()) != null) {
             size.decrementAndGet();
             taken++;
-            send(item);
+            if (!send(item)) {
+                held = item;
+                break;
+            }
             settled.incrementAndGet();
         }
         return taken;
     }
 
-    private void send(Object item) {
+    /** False when Kafka could not take the event yet (the caller holds it); a lost event is counted. */
+    private boolean send(Object item) {
         byte[] key;
         byte[] value;
         try {
@@ -191,13 +212,22 @@ public final class EventSink implements AutoCloseable {
             }
         } catch (IOException | RuntimeException e) {
             failed(e); // an event that cannot be encoded is lost, and counted
-            return;
+            return true;
         }
         try {
             producer.send(new ProducerRecord<>(topic, key, value), onDelivery);
+        } catch (RetriableException e) {
+            // No metadata or buffer space within max.block.ms (Kafka away, or slow while a host starts):
+            // the event waits for the next pass; the queue's bound still drops the oldest behind it.
+            if (!closing) {
+                lastFailure = e.toString();
+                return false;
+            }
+            failed(e);
         } catch (RuntimeException e) {
             failed(e);
         }
+        return true;
     }
 
     private void failed(Exception e) {
