@@ -487,8 +487,9 @@ def grid_times(
 ) -> np.ndarray:
     """Grid points ``k * interval`` in ``(after, until]`` that lie in the union of ``[starts, ends]``.
 
-    Away from every update and window nothing can signal and every episode has closed, so an idle
-    stretch of event time (or data years apart) costs nothing.
+    Away from every update and window nothing can signal and an open episode only waits for its
+    silence bound (:func:`evaluate_points` closes it there), so an idle stretch of event time (or
+    data years apart) costs nothing.
     """
     if len(starts) == 0:
         return np.empty(0, dtype=np.int64)
