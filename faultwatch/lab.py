@@ -6,7 +6,8 @@ reading ``rmq.avoidance``) send at a steady rate through faultwatch's hook, a co
 the admin poller polls, ``faultwatch stream`` runs live and ``faultwatch publish --every`` publishes
 (every 5 s, and at once on a new episode: the stream's 1 s trigger and 1 s grid keep detection short).
 Four more producers go idle from the kill until a few seconds after it (``LATE``).
-Phases: warm, broker-b SIGKILLed then restarted (the lab waits for its episode to close), broker-c
+Phases: warm, broker-b SIGKILLed then restarted (the lab waits for its episode to close, which takes
+sends to it succeeding again: the producers' next route refresh after the restart), broker-c
 SIGSTOPped for some seconds then resumed; then it waits (bounded) for the feed to release broker-b in
 the 4.9 producer that runs it. Each phase ends with every producer's own fault table read from the
 running client, and from broker-b's restart on the fault-tolerant producers' tables are read about
@@ -321,6 +322,10 @@ def run_phases(run: LabRun, cluster: Any, phase_s: float, freeze_s: float, say: 
     cluster.start_brokers([KILLED])
     run.mark("restarted")
     sampler.start()
+    # The episode closes on successful sends to the restarted broker: after the producers' next route
+    # refresh (every 30 s), episode_close_after_s of them, the watermark delay and a trigger (~50 s on
+    # a quiet machine, a few times that under load); the bound stays well under the 900 s silence
+    # bound, so an episode that never sees a recovery fails here instead of closing silently.
     wait_until(lambda: (e := episode_of(run.storage_root, KILLED, run.marks["kill"])) is not None
                and e["closed_ms"] is not None, 600, f"the episode on {KILLED} to close")
     run.mark("episode_closed")

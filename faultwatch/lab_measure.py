@@ -141,6 +141,13 @@ def first_attempt_failures(run: LabRun, sends: list[dict[str, Any]]) -> dict[str
     return counts
 
 
+def first_send_back_ms(run: LabRun, sends: list[dict[str, Any]]) -> int | None:
+    """Event time of the first send to the killed broker that succeeded after its restart began: the
+    producers learn it is back from the name server's routes, refreshed every 30 s."""
+    return min((s["ts_ms"] for s in sends if s["broker_name"] == KILLED and s["status"] == "SEND_OK"
+                and s["ts_ms"] >= run.marks["restart"]), default=None)
+
+
 def first_avoidance_ms(run: LabRun) -> int | None:
     """Kafka timestamp of the first ``rmq.avoidance`` record after the kill that avoids the killed broker."""
     from kafka import KafkaConsumer, TopicPartition
@@ -251,11 +258,16 @@ def report(run: LabRun) -> dict[str, Any]:
     if ep:
         e = ep[0]
         closed_s = None if e["closed_ms"] is None else (e["closed_ms"] - kill) / 1000
+        first_ok = first_send_back_ms(run, sends)
+        sent_s = None if first_ok is None else (first_ok - kill) / 1000
         facts["episode"] = {"opened_after_kill_s": (e["opened_ms"] - kill) / 1000, "closed_after_kill_s": closed_s,
-                            "restart_began_s": (restart - kill) / 1000, "back_s": (restarted - kill) / 1000}
-        closed = "still open" if closed_s is None else f"closed at {closed_s:.1f}s"
+                            "closed_by": e["closed_by"], "restart_began_s": (restart - kill) / 1000,
+                            "back_s": (restarted - kill) / 1000, "first_send_back_s": sent_s}
+        closed = "still open" if closed_s is None else f"closed at {closed_s:.1f}s by {e['closed_by']}"
+        sent = "no send succeeded on it afterwards" if sent_s is None else f"its first send succeeded at {sent_s:.1f}s"
         lines.append(f"episode on {KILLED}: opened {(e['opened_ms'] - kill) / 1000:.1f}s after the kill, {closed} "
-                     f"(its restart began at {(restart - kill) / 1000:.1f}s, it was back at {(restarted - kill) / 1000:.1f}s)")
+                     f"(its restart began at {(restart - kill) / 1000:.1f}s, it was back at {(restarted - kill) / 1000:.1f}s, "
+                     f"{sent})")
     else:
         facts["episode"] = None
         lines.append(f"episode on {KILLED}: none opened")

@@ -300,8 +300,12 @@ class FaultsConfig:
     outlier_min_peers: int = 2
     outlier_latency_factor: float = 5.0
     outlier_min_latency_ms: int = 550
-    # An episode closes once neither condition has held for this long.
+    # An episode closes once sends to the broker have succeeded for this long with no condition holding
+    # (silence is not recovery: a dead broker drops out of the routes and nobody sends to it) ...
     episode_close_after_s: float = 30.0
+    # ... or, for a broker nobody sends to any more (decommissioned, renamed), this long after it was
+    # last heard of (closed_by "silence").
+    episode_max_silence_s: float = 900.0
     max_producers_per_broker: int = 10_000
     # Events stamped further ahead of the batch time move no watermark and are quarantined.
     max_future_skew_s: float = 300.0
@@ -329,6 +333,11 @@ class FaultsConfig:
             raise ConfigError(f"faults.outlier_min_peers must be >= 1, got {self.outlier_min_peers!r}")
         if self.episode_close_after_s < 0:
             raise ConfigError("faults.episode_close_after_s must be >= 0")
+        if not self.episode_max_silence_s > 0 or self.episode_max_silence_s < self.episode_close_after_s:
+            raise ConfigError(
+                "faults.episode_max_silence_s must be > 0 and >= faults.episode_close_after_s "
+                f"({self.episode_close_after_s!r}), got {self.episode_max_silence_s!r}"
+            )
         if (self.evaluation_interval_s * 1000) % 1 or (60_000 % (self.evaluation_interval_s * 1000)):
             raise ConfigError(
                 "faults.evaluation_interval_s must divide a minute into whole milliseconds, "

@@ -131,7 +131,10 @@ def episode_span(episode: dict[str, Any]) -> str:
     No "lasted" for an open episode: its end is not known yet, and its last change says nothing of it.
     """
     if episode["closed_ms"] is not None:
-        return f"closed, lasted {(episode['closed_ms'] - episode['opened_ms']) / 1000:.0f} s"
+        lasted = (episode["closed_ms"] - episode["opened_ms"]) / 1000
+        if episode.get("closed_by") == "silence":  # nobody sent to it for faults.episode_max_silence_s
+            return f"closed by silence after {lasted:.0f} s: not heard of since, maybe still down"
+        return f"closed, lasted {lasted:.0f} s"
     since = datetime.fromtimestamp(episode["opened_ms"] / 1000, tz=timezone.utc).strftime("%H:%M:%S UTC")
     if episode["state"] == "suspected":
         return f"suspected since {since}, not confirmed yet"

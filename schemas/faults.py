@@ -85,6 +85,14 @@ EPISODE_FIELDS = (
         doc="brokers of the cluster with sends in the last active_producer_window_s at updated_ms "
         "(the share cap's denominator before any health minute is final)",
     ),
+    Field(
+        "closed_by",
+        "string",
+        nullable=True,
+        enum=("recovery", "silence"),
+        doc="recovery: sends to the broker succeeded for episode_close_after_s; silence: nobody sent to it "
+        "for episode_max_silence_s (it may still be down); null while suspected or open, and when withdrawn",
+    ),
 )
 
 PRODUCER_FAULT_WINDOWS = TableSpec(

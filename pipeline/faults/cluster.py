@@ -74,17 +74,14 @@ def cluster_step(
     slack = int(cfg.episode_close_after_s * 1000) + interval
 
     def evaluate(eps: dict[int, ep_mod.Episode], after: int, until: int) -> list[ep_mod.Episode]:
-        ticks = {t for t in ticks_of if after < t <= until}
-        for e in eps.values():  # an open episode is judged until it closes, points or not
-            first = max(after + 1, e.last_signal)
-            ticks.update(range(-(-first // interval) * interval, min(until, e.last_signal + slack) + 1, interval))
-        grid = sorted(ticks)
+        # an open episode away from every point closes only at its silence bound (evaluate_points)
+        grid = sorted(t for t in ticks_of if after < t <= until)
         at = []
         for t in grid:
             here = {code[b]: point_of(pts[t]) for b, pts in state.points.items() if t in pts}
             here.update({b: ep_mod.Point() for b in eps if b not in here})
             at.append(here)
-        return ep_mod.evaluate_points(eps, grid, at, cfg)
+        return ep_mod.evaluate_points(eps, grid, at, cfg, until)
 
     def seen(t: int) -> int:
         return sum(1 for pts in state.points.values() if t in pts and pts[t]["seen"])
@@ -104,7 +101,8 @@ def _jsonable(e: ep_mod.Episode) -> dict[str, Any]:
     return {"broker": e.broker, "opened": e.opened, "last_signal": e.last_signal, "reason": e.reason,
             "peak_share": e.peak_share, "peak_avoiding": e.peak_avoiding, "active_at_peak": e.active_at_peak,
             "sends": e.sends, "failures": e.failures, "p99": e.p99, "errors": dict(e.errors),
-            "pending": [e.pending[0], e.pending[1], dict(e.pending[2])], "revision": e.revision}
+            "pending": [e.pending[0], e.pending[1], dict(e.pending[2])], "revision": e.revision,
+            "last_heard": e.last_heard, "recovering": e.recovering}
 
 
 def _episode(d: dict[str, Any]) -> ep_mod.Episode:
@@ -114,6 +112,8 @@ def _episode(d: dict[str, Any]) -> ep_mod.Episode:
         int(d["broker"]), int(d["opened"]), int(d["last_signal"]), str(d["reason"]), float(d["peak_share"]),
         int(d["peak_avoiding"]), int(d["active_at_peak"]), int(d["sends"]), int(d["failures"]), float(d["p99"]),
         Counter(d["errors"]), [d["pending"][0], d["pending"][1], Counter(d["pending"][2])], int(d["revision"]),
+        # a state saved before these two were kept: heard last at the last signal, no healthy stretch
+        int(d.get("last_heard", d["last_signal"])), int(d.get("recovering", ep_mod.NEVER)),
     )
 
 

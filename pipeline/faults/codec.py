@@ -23,9 +23,10 @@ import struct
 from functools import cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from pipeline.faults.episodes import EPISODE_SCHEMA
+from pipeline.faults.episodes import EPISODE_SCHEMA, EPISODE_SCHEMA_V5, NEVER
 from pipeline.faults.fleet import FleetState
 from pipeline.faults.frame import empty, from_arrow, from_bytes, nrows, to_arrow, to_bytes
 from pipeline.faults.pairs import LOG_SCHEMA, PAIR_SCHEMA
@@ -33,11 +34,11 @@ from pipeline.faults.state import FaultState
 from pipeline.faults.windows import WINDOW_SCHEMA
 from pipeline.ipc import ipc_table
 
-# 5: as 4, zstd instead of LZ4; 4: as 3, integer columns as steps where narrower, wide values in
+# 6: as 5, open episodes with last_heard and recovering; 5: as 4, zstd instead of LZ4; 4: as 3, integer columns as steps where narrower, wide values in
 # byte planes (frame.to_bytes's packed layout); 3: columns as raw bytes (frame.to_bytes), LZ4;
 # 2: Arrow IPC, integers narrowed; 1: Arrow IPC, zstd
-STATE_VERSION = 5
-_READS = (1, 2, 3, 4, STATE_VERSION)
+STATE_VERSION = 6
+_READS = (1, 2, 3, 4, 5, STATE_VERSION)
 # One row for the whole query: the watermark and every cluster's state (see pipeline.faults.fleet).
 # (Array columns in a pandas state schema fail in PySpark 4.3's worker: KeyError 'elementType'.)
 STATE_DDL = "version INT, watermark_ms BIGINT, clusters STRING, states BINARY"
@@ -84,7 +85,19 @@ def _no_rows(name: str) -> pa.RecordBatch:
 def _table(name: str, schema: Any, blob: Any, version: int) -> Any:
     if not len(blob):
         return from_arrow(_no_rows(name), schema)
+    if name == "episodes" and version < 6:
+        return _episodes_v5(_stored(EPISODE_SCHEMA_V5, blob, version))
+    return _stored(schema, blob, version)
+
+
+def _stored(schema: Any, blob: Any, version: int) -> Any:
     return from_bytes(_decompressed(blob, version), schema) if version >= 3 else from_arrow(ipc_table(bytes(blob)), schema)
+
+
+def _episodes_v5(cols: Any) -> Any:
+    """Open episodes stored before version 6: heard of last at their last signal, no healthy stretch."""
+    return {**cols, "last_heard": cols["last_signal"].copy(),
+            "recovering": np.full(len(cols["last_signal"]), NEVER, dtype=np.int64)}
 
 
 def decode_state(row: tuple[Any, ...]) -> FaultState:

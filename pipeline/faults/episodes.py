@@ -7,8 +7,15 @@ sick producer cannot condemn a broker), ``failure_outlier`` (Envoy's failure-per
 with a peer check: a cluster-wide failure is nobody's outlier) and ``latency_outlier`` (p99 far
 above the peers' median). Both outlier rules also need the failures or slow sends to come from
 ``quorum_min_producers`` producers. An episode opens at the first point where a rule holds (its
-reason is the first rule that held) and closes once none has held for ``episode_close_after_s``;
-``closed_ms`` is the grid point after the last signal.
+reason is the first rule that held).
+
+Silence is not recovery: once a broker is down the name server drops it from the routes and the
+fleet stops sending to it, so no rule holds any more while it is still dead. An episode therefore
+closes only on evidence (:func:`advance_episode`): grid points whose interval holds sends to the
+broker that succeed (``healthy_bucket``) for ``episode_close_after_s`` with no rule holding and no
+failing interval in between; ``closed_ms`` is where that stretch began. A broker nobody sends to
+keeps its episode open until ``episode_max_silence_s`` after it was last heard of, when the episode
+closes with ``closed_by`` "silence" (a broker decommissioned or renamed) instead of "recovery".
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from pipeline.config import FaultsConfig
 from pipeline.faults.frame import Cols
 
 QUORUM, FAILURE_OUTLIER, LATENCY_OUTLIER = "quorum", "failure_rate_outlier", "latency_outlier"
+# How an episode closed (``closed_by``): sends to the broker succeeded again, or nobody sent to it.
+RECOVERY, SILENCE = "recovery", "silence"
+NEVER = -1  # ``Episode.recovering`` when no healthy stretch is under way
 
 EPISODE_SCHEMA: dict[str, str] = {
     "broker": "int32",
@@ -39,7 +49,11 @@ EPISODE_SCHEMA: dict[str, str] = {
     "errors": "object",  # JSON {error class: failures}
     "pending": "object",  # JSON [sends, failures, {errors}] since the last signal
     "revision": "int64",
+    "last_heard": "int64",  # the last grid point with a signal or sends to the broker
+    "recovering": "int64",  # the first healthy grid point since the last bad one (NEVER: none)
 }
+# The columns fault states written before ``last_heard`` and ``recovering`` hold (pipeline.faults.codec).
+EPISODE_SCHEMA_V5: dict[str, str] = {k: v for k, v in EPISODE_SCHEMA.items() if k not in ("last_heard", "recovering")}
 
 
 def quorum_holds(avoiding: int, active: int, cfg: FaultsConfig) -> bool:
@@ -317,8 +331,19 @@ class Episode:
     errors: Counter = field(default_factory=Counter)
     pending: list = field(default_factory=lambda: [0, 0, Counter()])
     revision: int = 0
+    last_heard: int = NEVER  # NEVER: the last signal
+    recovering: int = NEVER
     changed: bool = False
     closed: int | None = None
+    closed_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_heard == NEVER:
+            self.last_heard = self.last_signal
+
+    def close(self, at: int, by: str) -> Episode:
+        self.closed, self.closed_by, self.changed = at, by, True
+        return self
 
     def take(self, p: Point, signalled: bool) -> None:
         if p.active and (p.avoiding / p.active > self.peak_share or p.avoiding > self.peak_avoiding):
@@ -341,9 +366,35 @@ class Episode:
             self.pending = [0, 0, Counter()]
 
 
+def healthy_bucket(p: Point, cfg: FaultsConfig) -> bool:
+    """Whether the sends of the interval ending at this grid point show the broker working: some, and
+    failing less than the failure-outlier rate (a broker back but still failing is not recovered)."""
+    return p.bucket_sends > 0 and p.bucket_failures / p.bucket_sends < cfg.outlier_failure_rate
+
+
+def on_grid(ms: float, interval: int) -> int:
+    """``ms`` rounded up to a whole number of grid intervals."""
+    return -(-int(ms) // interval) * interval
+
+
+def confirm_ms(cfg: FaultsConfig, interval: int) -> int:
+    """The healthy stretch that closes an episode: ``episode_close_after_s`` on the grid, at least one interval."""
+    return max(interval, on_grid(cfg.episode_close_after_s * 1000, interval))
+
+
+def silence_bound(ep: Episode, cfg: FaultsConfig, interval: int) -> int:
+    """The grid point at which an episode whose broker nobody sends to closes."""
+    return ep.last_heard + on_grid(cfg.episode_max_silence_s * 1000, interval)
+
+
 def advance_episode(ep: Episode | None, b: int, t: int, reason: str | None, p: Point, cfg: FaultsConfig,
                     interval: int) -> tuple[Episode | None, Episode | None]:
-    """One grid point for one broker: (the open episode after it, an episode that closed at it)."""
+    """One grid point for one broker: (the open episode after it, an episode that closed at it).
+
+    A grid point where the broker has no sends, no windows and no signal changes nothing but can
+    reach the silence bound: a grid skips such points (:func:`grid_times`), and
+    :func:`evaluate_points` closes a silent episode at its bound between the points it runs.
+    """
     if ep is None:
         if reason is None:
             return None, None
@@ -351,13 +402,21 @@ def advance_episode(ep: Episode | None, b: int, t: int, reason: str | None, p: P
         ep.take(p, True)
         return ep, None
     if reason is not None:
-        ep.last_signal = t
+        ep.last_signal = ep.last_heard = t
+        ep.recovering = NEVER
         ep.take(p, True)
         return ep, None
-    if t - ep.last_signal >= cfg.episode_close_after_s * 1000:
-        ep.closed = ep.last_signal + interval
-        ep.changed = True
-        return None, ep
+    if p.bucket_sends:
+        ep.last_heard = t
+        if not healthy_bucket(p, cfg):
+            ep.recovering = NEVER
+        else:
+            ep.recovering = t if ep.recovering == NEVER else ep.recovering
+            confirm = confirm_ms(cfg, interval)
+            if t - ep.recovering + interval >= confirm:  # healthy sends over (t - confirm, t]
+                return None, ep.close(t - confirm + interval, RECOVERY)
+    elif t >= silence_bound(ep, cfg, interval):
+        return None, ep.close(silence_bound(ep, cfg, interval), SILENCE)
     ep.take(p, False)
     return ep, None
 
@@ -388,6 +447,7 @@ def episode_row(
         "revision": ep.revision,
         "updated_ms": updated_ms,
         "cluster_brokers": cluster_brokers,
+        "closed_by": ep.closed_by,
     }
 
 
@@ -401,6 +461,7 @@ def episodes_from_table(table: Cols) -> dict[int, Episode]:
             int(table["active_at_peak"][i]), int(table["sends"][i]), int(table["failures"][i]),
             float(table["p99"][i]), Counter(json.loads(table["errors"][i])),
             [pending[0], pending[1], Counter(pending[2])], int(table["revision"][i]),
+            int(table["last_heard"][i]), int(table["recovering"][i]),
         )
     return out
 
@@ -426,8 +487,9 @@ def grid_times(
 ) -> np.ndarray:
     """Grid points ``k * interval`` in ``(after, until]`` that lie in the union of ``[starts, ends]``.
 
-    Away from every update and window nothing can signal and every episode has closed, so an idle
-    stretch of event time (or data years apart) costs nothing.
+    Away from every update and window nothing can signal and an open episode only waits for its
+    silence bound (:func:`evaluate_points` closes it there), so an idle stretch of event time (or
+    data years apart) costs nothing.
     """
     if len(starts) == 0:
         return np.empty(0, dtype=np.int64)
@@ -458,24 +520,32 @@ def evaluate(
     brokers: list[int],
     errors: tuple[str, ...],
     cfg: FaultsConfig,
+    until: int | None = None,
 ) -> list[Episode]:
-    """Run the grid points ``ticks`` (ascending); returns episodes closed on the way.
+    """Run the grid points ``ticks`` (ascending, up to ``until``); returns episodes closed on the way.
 
     ``episodes`` (open ones, by broker) is updated in place.
     """
     if len(ticks) == 0 or not brokers:
-        return []
-    return evaluate_points(episodes, ticks.tolist(), points_at(ticks, log, windows, brokers, errors, cfg), cfg)
+        return evaluate_points(episodes, [], [], cfg, until)
+    return evaluate_points(episodes, ticks.tolist(), points_at(ticks, log, windows, brokers, errors, cfg), cfg, until)
 
 
 def evaluate_points(
-    episodes: dict[int, Episode], ticks: list[int], points: list[dict[int, Point]], cfg: FaultsConfig
+    episodes: dict[int, Episode], ticks: list[int], points: list[dict[int, Point]], cfg: FaultsConfig,
+    until: int | None = None,
 ) -> list[Episode]:
     """The rules at each grid point over its brokers' :class:`Point` (``points[k]`` at ``ticks[k]``);
-    returns the episodes closed on the way, ``episodes`` is updated in place."""
+    returns the episodes closed on the way, ``episodes`` is updated in place.
+
+    ``ticks`` are the grid points of ``(after, until]`` that have data; an open episode whose silence
+    bound falls between them (or after the last, up to ``until``) closes there: its broker had no
+    sends, windows or signal at that point, since the grid would hold it otherwise.
+    """
     interval = int(cfg.evaluation_interval_s * 1000)
     closed: list[Episode] = []
     for k, t in enumerate(ticks):
+        closed += close_silent(episodes, t - 1, cfg, interval)
         for b in sorted(points[k]):
             reason = signal(b, points[k], cfg)
             ep, done = advance_episode(episodes.get(b), b, t, reason, points[k][b], cfg, interval)
@@ -485,4 +555,15 @@ def evaluate_points(
                 episodes[b] = ep
             if done is not None:
                 closed.append(done)
+    if until is not None:
+        closed += close_silent(episodes, until, cfg, interval)
     return closed
+
+
+def close_silent(episodes: dict[int, Episode], upto: int, cfg: FaultsConfig, interval: int) -> list[Episode]:
+    """Close (and remove) the open episodes whose :func:`silence_bound` is at or before ``upto``."""
+    done = [e for e in episodes.values() if silence_bound(e, cfg, interval) <= upto]
+    for e in sorted(done, key=lambda e: (silence_bound(e, cfg, interval), e.broker)):
+        del episodes[e.broker]
+        e.close(silence_bound(e, cfg, interval), SILENCE)
+    return sorted(done, key=lambda e: (e.closed or 0, e.broker))

@@ -255,14 +255,13 @@ def _evaluate_grid(
     slack = int(cfg.episode_close_after_s * 1000) + interval
     spans_from = np.concatenate([log["ts"][in_range], wins["start"][live]])
     spans_to = np.concatenate([log["ts"][in_range] + reach, wins["end"][live]]) + slack
-    ep_from = np.asarray([e.last_signal for e in open_eps.values()], dtype=np.int64)
-    ticks = ep_mod.grid_times(np.concatenate([spans_from, ep_from]), np.concatenate([spans_to, ep_from + slack]),
-                              last, top, interval)
+    # an open episode away from every send and window closes only at its silence bound (evaluate)
+    ticks = ep_mod.grid_times(spans_from, spans_to, last, top, interval)
     # only the columns the grid points read: the log has many more
     rows = np.flatnonzero(in_range & (log["ts"] <= top))
     recent = {name: log[name][rows] for name in ep_mod.POINT_COLUMNS}
     involved = set(np.unique(recent["broker"]).tolist()) | set(np.unique(wins["broker"][live]).tolist()) | set(open_eps)
-    return ep_mod.evaluate(open_eps, ticks, recent, take(wins, live), sorted(involved), errors, cfg)
+    return ep_mod.evaluate(open_eps, ticks, recent, take(wins, live), sorted(involved), errors, cfg, top)
 
 
 def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
@@ -314,8 +313,10 @@ def _wakeup(state: FaultState, cfg: FaultsConfig) -> int | None:
             candidates.append(state.next_minute + health.MINUTE_MS - 1)
         if state.last_tick != NONE:
             candidates.append(state.last_tick + int(cfg.evaluation_interval_s * 1000))
-    if nrows(state.episodes) and state.last_tick != NONE:
-        candidates.append(state.last_tick + int(cfg.evaluation_interval_s * 1000))
+    if nrows(state.episodes):  # an open episode with no further events closes at its silence bound
+        interval = int(cfg.evaluation_interval_s * 1000)
+        candidates.append(int(state.episodes["last_heard"].min()) + ep_mod.on_grid(cfg.episode_max_silence_s * 1000,
+                                                                                   interval))
     if state.suspects:  # the watermark reaching a suspicion's grid point decides it
         candidates.append(min(opened for _, opened, _, _, _ in state.suspects))
     provisional = ~state.windows["final"]

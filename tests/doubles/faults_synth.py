@@ -160,3 +160,27 @@ def misbehave(events: list[SendResult], client_id: str, broker: str, every: int 
                                         queue_offset=None, isolation=True, reachable=True)
         out.append(e)
     return out
+
+
+def dropped_from_routes(back_s: float | None, producers: int = 8, span_s: float = 300.0) -> list[SendResult]:
+    """A real cluster's kill: ``producers`` (5.3.3, fault tolerance on) each send once a second to each of
+    broker-a, broker-b and broker-c; broker-c refuses connections from 60 s, the name server drops it
+    from the routes and from 70 s nobody sends to it; from ``back_s`` (None: never) it is back in the
+    routes and its sends succeed. Sorted by time."""
+    out = []
+    for second in range(int(span_s)):
+        for p in range(producers):
+            for b, broker in enumerate(("broker-a", "broker-b", "broker-c")):
+                ts = T0 + second * 1000 + p * 10 + b
+                down = broker == "broker-c" and second >= 60 and (back_s is None or second < back_s)
+                if down and second >= 70:
+                    continue  # not in the routes: nobody sends to it
+                out.append(SendResult(
+                    event_id=f"k-{second}-{p}-{b}", ts_ms=ts, cluster="DefaultCluster", producer_group="PG",
+                    client_id=f"10.0.0.{p}@{4000 + p}", client_version="5.3.3", topic="TopicTest",
+                    broker_name=broker, queue_id=p % 4, status="FAILED" if down else "SEND_OK",
+                    latency_ms=1 if down else 3, error="RemotingConnectException: connect failed" if down else None,
+                    queue_offset=None if down else second * producers + p, attempt=0,
+                    send_latency_fault_enable=True,
+                ))
+    return out

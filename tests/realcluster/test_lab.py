@@ -7,7 +7,8 @@ broker-c frozen and resumed. The printed facts are the verdict:
   items) and faultwatch's ``producer_fault_windows_live`` for that producer hold the same brokers
   with the same avoid-until, on both client lines (the hook's tap gives the events the client's own
   latency and clock);
-- the episode on broker-b opened and closed;
+- the episode on broker-b opened, and closed only once broker-b was back and sends to it succeeded
+  again (silence is not recovery: the dead broker is out of the producers' routes, nobody sends to it);
 - the first attempts that failed on the dead broker, per producer, with the feed and without (printed:
   a race between the list and each producer's first send, not a verdict);
 - release: after broker-b was back, the 4.9.8 producer with the feed avoided it for fewer
@@ -42,7 +43,9 @@ def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_releas
     assert by_version["4.9.8"][1] >= 2 and by_version["5.3.3"][1] >= 1, by_version  # both lines were compared
     episode = facts["episode"]
     assert episode is not None and episode["opened_after_kill_s"] >= 0, episode
-    assert episode["closed_after_kill_s"] is not None, episode
+    assert episode["closed_after_kill_s"] is not None and episode["closed_by"] == "recovery", episode
+    assert episode["first_send_back_s"] is not None, episode
+    assert episode["closed_after_kill_s"] >= max(episode["back_s"], episode["first_send_back_s"]), episode
     # First-attempt failures with and without the feed are printed, not judged: whether a list reaches
     # a producer before its own first send to the dead broker is a race (the busy producers meet the
     # refused connection before any list exists; the late ones only if the list took longer than

@@ -15,14 +15,14 @@ from schemas.tables import ROUTE_COLUMN, table
 from streaming.delta_sink import RoutedDeltaWriter, ensure_tables
 
 NAME = "broker_fault_episodes"
-NEW = "cluster_brokers"  # the column an "older faultwatch" did not write
+NEW = "closed_by"  # the column an "older faultwatch" did not write
 
 
-def _episode(episode_id: str, brokers: int | None) -> dict[str, object]:
+def _episode(episode_id: str, closed_by: str | None) -> dict[str, object]:
     return {"episode_id": episode_id, "cluster": "c1", "broker_name": "broker-a", "opened_ms": 1_000, "closed_ms": None,
             "state": "open", "reason": "quorum", "peak_avoiding_share": 0.5, "peak_avoiding_producers": 3,
             "active_producers": 6, "sends": 100, "failures": 40, "p99_latency_ms": 900.0, "dominant_error": "Timeout",
-            "revision": 1, "updated_ms": 2_000, NEW: brokers}
+            "revision": 1, "updated_ms": 2_000, "cluster_brokers": 3, NEW: closed_by}
 
 
 def _older_table(root: Path, schema: pa.Schema, e0: dict[str, object] | None = None) -> str:
@@ -40,7 +40,7 @@ def _without(schema: pa.Schema, column: str) -> pa.Schema:
 
 def _commit_e1(root: Path) -> None:
     sink = RoutedDeltaWriter(str(root), [NAME], "test:schema")
-    row = _episode("e1", 7) | {ROUTE_COLUMN: NAME}
+    row = _episode("e1", "recovery") | {ROUTE_COLUMN: NAME}
     batch = pa.RecordBatch.from_pylist([row], table(NAME).arrow_schema().append(pa.field(ROUTE_COLUMN, pa.string())))
     sink.commit([sink.write(iter([batch]), 0)], 0)
 
@@ -53,7 +53,7 @@ def test_a_column_this_version_writes_is_added_to_an_older_table(tmp_path: Path)
     assert dt.history(1)[0]["faultwatch.schema"] == f"added {NEW}"
     _commit_e1(tmp_path)
     got = read_table(str(tmp_path), NAME).sort_by("episode_id")
-    assert got.to_pylist() == [_episode("e0", None), _episode("e1", 7)]  # older rows read as null
+    assert got.to_pylist() == [_episode("e0", None), _episode("e1", "recovery")]  # older rows read as null
     ensure_tables(str(tmp_path), [NAME], "evolve")  # nothing more to add: no commit
     assert DeltaTable(path).version() == dt.version() + 1
 
@@ -79,13 +79,13 @@ def test_a_column_only_a_newer_version_writes_is_kept_or_refused(tmp_path: Path)
     """An older faultwatch over a table a newer one evolved: its rows hold null in the newer column
     ("evolve"), or it does not start ("refuse")."""
     newer = table(NAME).arrow_schema().append(pa.field("note", pa.string()))
-    path = _older_table(tmp_path, newer, _episode("e0", 5) | {"note": "n"})
+    path = _older_table(tmp_path, newer, _episode("e0", "silence") | {"note": "n"})
     with pytest.raises(ConfigError, match=r"has column\(s\) \['note'\] that this version of faultwatch does not write"):
         ensure_tables(str(tmp_path), [NAME], "refuse")
     ensure_tables(str(tmp_path), [NAME], "evolve")
     _commit_e1(tmp_path)
     got = read_table(str(tmp_path), NAME).sort_by("episode_id")
-    assert got.to_pylist() == [_episode("e0", 5) | {"note": "n"}, _episode("e1", 7) | {"note": None}]
+    assert got.to_pylist() == [_episode("e0", "silence") | {"note": "n"}, _episode("e1", "recovery") | {"note": None}]
     assert [f.name for f in DeltaTable(path).schema().fields][-1] == "note"
 
 

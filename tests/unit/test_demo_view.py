@@ -26,6 +26,9 @@ def episode(state: str, opened_ms: int, updated_ms: int, closed_ms: int | None) 
     ("row", "expected"),
     [
         (episode("closed", 20_000, 61_000, 61_000), "closed, lasted 41 s"),
+        (episode("closed", 20_000, 61_000, 61_000) | {"closed_by": "recovery"}, "closed, lasted 41 s"),
+        (episode("closed", 20_000, 920_000, 920_000) | {"closed_by": "silence"},
+         "closed by silence after 900 s: not heard of since, maybe still down"),
         (episode("open", 3_620_000, 3_650_000, None), "still open, since 01:00:20 UTC"),
         (episode("suspected", 20_000, 20_000, None), "suspected since 00:00:20 UTC, not confirmed yet"),
     ],

@@ -21,10 +21,12 @@ import pytest
 from pipeline.config import FaultsConfig
 from pipeline.faults import from_send_results, initial_state, step
 from pipeline.faults.cluster import ClusterState, cluster_step, dumps, loads
+from pipeline.faults.codec import decode_state, encode_state
 from pipeline.faults.frame import take
 from pipeline.simulate import MemorySink, Simulation
 from streaming.feeds import shard_of
-from tests.doubles.faults_synth import outage_scenario, random_stream
+from tests.doubles.faults_reference import current_view
+from tests.doubles.faults_synth import T0, dropped_from_routes, outage_scenario, random_stream
 
 CFG = FaultsConfig()
 DELAY = 30_000
@@ -40,11 +42,13 @@ def batches_of(cols: Any, size_ms: int) -> list[tuple[Any, int]]:
     return out
 
 
-def one_state(batches: list[tuple[Any, int]]) -> dict[str, list[dict]]:
+def one_state(batches: list[tuple[Any, int]], cfg: FaultsConfig = CFG, through_codec: bool = False) -> dict[str, list[dict]]:
     state, previous = initial_state("DefaultCluster"), 0
     rows: dict[str, list[dict]] = {"windows": [], "episodes": [], "health": [], "quarantine": []}
     for events, settle in batches:
-        state, out = step(state, events, previous, CFG, None, settle)
+        state, out = step(state, events, previous, cfg, None, settle)
+        if through_codec:
+            state = decode_state(encode_state(state))
         for key in rows:
             rows[key] += getattr(out, key)
         previous = settle
@@ -61,7 +65,7 @@ def by_shard(shards: int) -> Callable[[str], str]:
 
 def per_key(
     batches: list[tuple[Any, int]], through_json: bool, key_of: Callable[[str], str] = by_broker,
-    deciders: list[ClusterState] | None = None, forget_when_quiet: str | None = None,
+    deciders: list[ClusterState] | None = None, forget_when_quiet: str | None = None, cfg: FaultsConfig = CFG,
 ) -> dict[str, list[dict]]:
     """The query's way: one points-mode state per ``key_of(broker)``, the decision over their points.
 
@@ -80,10 +84,10 @@ def per_key(
         for key in sorted(set(keys.tolist()) | set(states)):
             mine = take(events, keys == key)
             if mine["ts_ms"].size:
-                state, out = step(states.get(key) or initial_state("DefaultCluster"), mine, previous, CFG,
+                state, out = step(states.get(key) or initial_state("DefaultCluster"), mine, previous, cfg,
                                   None, settle, points=True)
             elif wakeups.get(key) is not None and previous >= wakeups[key]:  # an event-time timeout
-                state, out = step(states[key], mine, previous, CFG, None, previous, points=True)
+                state, out = step(states[key], mine, previous, cfg, None, previous, points=True)
             else:
                 continue
             states[key], wakeups[key] = state, out.wakeup_ms
@@ -92,7 +96,7 @@ def per_key(
                 rows[name] += getattr(out, name)
         if forget_when_quiet is not None and forget_when_quiet not in events["broker_name"].tolist():
             decider = replace(decider, points={b: p for b, p in decider.points.items() if b != forget_when_quiet})
-        decider, episodes = cluster_step(decider, points, settle, CFG)
+        decider, episodes = cluster_step(decider, points, settle, cfg)
         if deciders is not None:
             deciders.append(decider)
         if through_json:
@@ -179,6 +183,35 @@ def test_a_broker_without_events_keeps_its_forecast(outage: Any) -> None:
     assert canon(got["episodes"]) == canon(want["episodes"])
     forgot = per_key(batches, through_json=False, forget_when_quiet="broker-c")
     assert canon(forgot["episodes"]) != canon(want["episodes"]), "dropping the forecast changed nothing"
+
+
+@pytest.mark.parametrize("back_s", [190, None], ids=["back-at-190s", "never-back"])
+def test_a_broker_dropped_from_the_routes_keeps_its_episode_until_it_is_back_whichever_way_it_is_run(
+    back_s: int | None,
+) -> None:
+    """broker-c refuses connections from 60 s (its episode opens at the grid point after) and nobody
+    sends to it from 70 s: the producers' windows hold the quorum to 75 s, its failures alone in the
+    trailing window the failure-outlier rule from 110 s to 125 s (the last signal), then silence.
+    The episode closes where sends to it succeed again (195 s: its first sends back fall in the
+    interval ending there), or, never back, at the silence bound (125 s + 120 s), saying so. Streamed
+    in micro-batches of two sizes (the state through its codec), per shard with the cluster
+    decision (through JSON), and replayed in one batch: the same rows."""
+    cfg = replace(CFG, episode_max_silence_s=120.0)
+    cols = from_send_results(dropped_from_routes(back_s))
+    one_batch = [(cols, int(cols["ts_ms"].max()) + 1)]
+    finals = []
+    for batches in (batches_of(cols, 5_000), batches_of(cols, 41_000), one_batch):
+        want = one_state(batches, cfg, through_codec=True)
+        got = per_key(batches, through_json=True, key_of=by_shard(2), cfg=cfg)
+        assert canon(got["episodes"]) == canon(want["episodes"])
+        finals.append([{k: v for k, v in r.items() if k != "revision"} for r in current_view(want["episodes"], "episode_id")])
+    assert finals[1] == finals[0] and finals[2] == finals[0]
+    [ep] = finals[0]
+    assert (ep["broker_name"], ep["state"], ep["opened_ms"]) == ("broker-c", "closed", T0 + 65_000)
+    if back_s is None:
+        assert (ep["closed_ms"], ep["closed_by"], ep["cluster_brokers"]) == (T0 + 245_000, "silence", 2)
+    else:
+        assert (ep["closed_ms"], ep["closed_by"], ep["cluster_brokers"]) == (T0 + 195_000, "recovery", 3)
 
 
 def test_the_sinks_decisions_are_the_same_from_memory_and_from_their_files(outage: Any, tmp_path: Any) -> None:

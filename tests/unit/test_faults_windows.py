@@ -253,11 +253,13 @@ def test_state_survives_the_state_store_encoding_unchanged() -> None:
     assert out_a == out_b and encode_state(a) == encode_state(b)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_a_state_written_by_an_older_version_reads_the_same(version: int) -> None:
-    """Checkpoints of older layouts still load: version 4 (packed, LZ4), version 3 (columns raw,
+    """Checkpoints of older layouts still load: version 5 (as 6, open episodes without last_heard and
+    recovering: test_faults_episode_close has one), version 4 (packed, LZ4), version 3 (columns raw,
     LZ4), version 2 (Arrow IPC, integer columns narrowed) and version 1 (Arrow IPC, zstd, full width)."""
     from pipeline.faults.codec import _TABLES, _compressed
+    from pipeline.faults.episodes import EPISODE_SCHEMA_V5
     from pipeline.faults.frame import to_arrow, to_bytes
     from pipeline.ipc import ipc_bytes
 
@@ -265,12 +267,13 @@ def test_a_state_written_by_an_older_version_reads_the_same(version: int) -> Non
     row = encode_state(state)
 
     def old_blob(name: str, schema: Any) -> bytes:
+        schema = EPISODE_SCHEMA_V5 if name == "episodes" else schema
         if version >= 3:
-            return _compressed(to_bytes(getattr(state, name), schema, packed=version == 4), version)
+            return _compressed(to_bytes(getattr(state, name), schema, packed=version >= 4), version)
         return ipc_bytes(to_arrow(getattr(state, name), schema, narrow=version == 2), compress=version == 1)
 
     old = (version, row[1], *(old_blob(name, schema) if blob else b"" for (name, schema), blob in zip(_TABLES, row[2:])))
-    assert row[0] == 5 and old != row
+    assert row[0] == 6 and old != row
     assert encode_state(decode_state(old)) == row
 
 
