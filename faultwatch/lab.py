@@ -143,7 +143,7 @@ quorum_share = 0.6
 episode_close_after_s = {max(5.0, min(10.0, phase_s / 2))}
 [publish]
 interval_s = 5.0
-watch_interval_s = 0.5
+watch_interval_s = 0.25
 [policy]
 base_avoid_s = 15.0
 hysteresis_s = 30.0

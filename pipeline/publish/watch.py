@@ -6,8 +6,8 @@ interval without the list that avoids a broker that just died. Every ``publish.w
 read only when the table moved) for an episode, suspected or open, it has not seen; finding one,
 the loop runs the same validated cycle (gate, claim, Kafka, files, history) with the current time
 as its identity. Identities are times, so a regular cycle after it supersedes nothing it should not.
-Each episode starts at most one early cycle; those already open when the watch starts were the
-first cycle's (or the DAG's) to handle.
+Each episode starts at most one early cycle; those there when a regular cycle starts are its own (and
+those open when ``--watch`` starts, the DAG's).
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def cycle_loop(cfg: Config, run: Callable[[int | None], Any], *, regular: bool =
             log.exception("publisher cycle failed")
         done += 1
 
-    def looked() -> None:
+    def looked(early_cycle: bool = True) -> None:
+        """One look; new episodes start an early cycle (or, before a regular one, are left to it)."""
         if watch is None:
             return
         try:
@@ -110,12 +111,18 @@ def cycle_loop(cfg: Config, run: Callable[[int | None], Any], *, regular: bool =
         except Exception as exc:  # noqa: BLE001 - the regular cycles go on; the next look retries
             log.warning("early cycles: cannot read %s: %s: %s", EPISODES, type(exc).__name__, exc)
             return
-        if fresh:
+        if fresh and early_cycle:
             one(int(clock() * 1000), f"new episode(s) {', '.join(fresh)}")
 
-    if regular:
+    def regular_cycle() -> None:
+        looked(early_cycle=False)  # what is there now, this cycle reads
         one(None)
-    looked()  # the episodes the first cycle saw are not new
+        looked()  # an episode committed while it ran may have missed its inputs
+
+    if regular:
+        regular_cycle()
+    else:
+        looked()  # the episodes open at the start are the DAG's
     if watch is not None:
         log.info("early cycles: a new episode in %s starts a cycle (looking every %gs)", watch.uri, look)
     while cycles is None or done < cycles:
@@ -125,7 +132,7 @@ def cycle_loop(cfg: Config, run: Callable[[int | None], Any], *, regular: bool =
         if stop.wait(max(0.0, step)):
             break
         if regular and clock() >= due:
-            one(None)
+            regular_cycle()
         else:
             looked()
     return done

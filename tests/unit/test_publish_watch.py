@@ -116,3 +116,19 @@ def test_watch_only_needs_a_watch_interval(cfg: Config) -> None:
         cycle_loop(cfg.replace(publish__watch_interval_s=0.0), lambda n: None, regular=False)
     with pytest.raises(ConfigError, match="publish.watch_interval_s"):
         from_dict({"publish": {"watch_interval_s": -1.0}})
+
+
+def test_an_episode_committed_while_a_regular_cycle_runs_gets_its_early_cycle_right_after(cfg: Config) -> None:
+    """The cycle read its inputs before the episode was there; the next look is 1,000 s away, so only the
+    look right after the cycle can start the early one. An episode there before the cycle starts is its own."""
+    c = cfg.replace(publish__interval_s=3600.0, publish__watch_interval_s=1000.0)
+    write(c.storage.root, "broker_fault_episodes_live", [suspected("b1", NOW)])  # the first cycle's
+    runs: list[int | None] = []
+
+    def run(number: int | None) -> None:
+        if not runs:
+            write(c.storage.root, "broker_fault_episodes_live", [suspected("b2", NOW)])
+        runs.append(number)
+
+    assert cycle_loop(c, run, cycles=2) == 2
+    assert runs[0] is None and isinstance(runs[1], int)
