@@ -45,7 +45,9 @@ def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_releas
     assert episode is not None and episode["opened_after_kill_s"] >= 0, episode
     assert episode["closed_after_kill_s"] is not None and episode["closed_by"] == "recovery", episode
     assert episode["first_send_back_s"] is not None, episode
-    assert episode["closed_after_kill_s"] >= max(episode["back_s"], episode["first_send_back_s"]), episode
+    # back: the first send to it that succeeded after its restart began (the lab's own readiness check,
+    # back_s, can return after that under load: 46.0 s against a first send at 42.9 s in one run)
+    assert episode["closed_after_kill_s"] >= episode["first_send_back_s"] >= episode["restart_began_s"], episode
     # First-attempt failures with and without the feed are printed, not judged: whether a list reaches
     # a producer before its own first send to the dead broker is a race (the busy producers meet the
     # refused connection before any list exists; the late ones only if the list took longer than
