@@ -50,7 +50,11 @@ class EpisodeWatch:
                 return False
             self._table = DeltaTable(self.uri, storage_options=opts)
         else:
-            self._table.update_incremental()
+            try:
+                self._table.update_incremental()
+            except Exception:
+                self._table = None  # deleted or replaced underneath: the next look opens it afresh
+                raise
         version = int(self._table.version())
         moved = version != self._version
         self._version = version
@@ -63,12 +67,19 @@ class EpisodeWatch:
         return [str(e) for e in live.column("episode_id").to_pylist()]
 
     def new_episodes(self) -> list[str]:
-        """Episode ids suspected or open now that no earlier look saw (none on the first look)."""
-        if self._seen is not None and not self._moved():
-            return []
-        if self._seen is None:
-            self._moved()  # the version the first look read
-        live = self._live() if self._version is not None else []
+        """Episode ids suspected or open now that no earlier look saw (none on the first look; a first
+        look that cannot read the table sees nothing, so what a later one finds is new). A look that
+        fails is retried on the same version by the next one."""
+        before = self._version
+        try:
+            if not self._moved() and self._seen is not None:
+                return []
+            live = self._live() if self._version is not None else []
+        except Exception:
+            self._version = before
+            if self._seen is None:
+                self._seen = set()
+            raise
         first = self._seen is None
         fresh = [] if first else sorted(set(live) - (self._seen or set()))
         self._seen = (self._seen or set()) | set(live)
@@ -91,6 +102,7 @@ def cycle_loop(cfg: Config, run: Callable[[int | None], Any], *, regular: bool =
     if watch is None and not regular:
         raise ValueError("no cycles to run: early cycles need publish.watch_interval_s > 0")
     done = 0
+    failing: list[str] = []  # why the last look failed, logged once until a look succeeds
 
     def one(number: int | None, why: str | None = None) -> None:
         nonlocal done
@@ -109,8 +121,14 @@ def cycle_loop(cfg: Config, run: Callable[[int | None], Any], *, regular: bool =
         try:
             fresh = watch.new_episodes()
         except Exception as exc:  # noqa: BLE001 - the regular cycles go on; the next look retries
-            log.warning("early cycles: cannot read %s: %s: %s", EPISODES, type(exc).__name__, exc)
+            why = f"{type(exc).__name__}: {exc}"
+            if failing != [why]:
+                log.warning("early cycles: cannot read %s (looking again every %gs): %s", EPISODES, look, why)
+                failing[:] = [why]
             return
+        if failing:
+            log.info("early cycles: %s can be read again", EPISODES)
+            failing.clear()
         if fresh and early_cycle:
             one(int(clock() * 1000), f"new episode(s) {', '.join(fresh)}")
 

@@ -132,3 +132,33 @@ def test_an_episode_committed_while_a_regular_cycle_runs_gets_its_early_cycle_ri
 
     assert cycle_loop(c, run, cycles=2) == 2
     assert runs[0] is None and isinstance(runs[1], int)
+
+
+def test_a_broken_table_is_said_once_and_the_loop_goes_on(cfg: Config, caplog: pytest.LogCaptureFixture) -> None:
+    """A corrupt newest commit (a full disk, a bad copy): the regular cycles go on, the warning comes
+    once, not once a look; once the table is readable again a new episode starts its cycle."""
+    from dag_inputs import cut_newest_commit
+
+    c = cfg.replace(publish__interval_s=3600.0, publish__watch_interval_s=0.02)
+    root = c.storage.root
+    write(root, "broker_fault_episodes_live", [episode_row("b1", NOW, 0, NOW)])
+    write(root, "broker_fault_episodes_live", [suspected("b2", NOW)])
+    cut_newest_commit(root, "broker_fault_episodes_live")
+    runs: list[int | None] = []
+    stop = threading.Event()
+    loop = threading.Thread(target=lambda: cycle_loop(c, runs.append, stop=stop))
+    with caplog.at_level("INFO", logger="pipeline.publish.watch"):
+        loop.start()
+        try:
+            wait_for(lambda: len(runs) == 1 and "cannot read" in caplog.text)
+            time.sleep(0.5)  # some 25 looks at the broken table
+            assert caplog.text.count("cannot read") == 1 and runs == [None]
+            import shutil
+
+            shutil.rmtree(Path(root) / "broker_fault_episodes_live")  # replaced: written afresh
+            write(root, "broker_fault_episodes_live", [suspected("b3", NOW)])
+            wait_for(lambda: len(runs) == 2)
+        finally:
+            stop.set()
+            loop.join(30)
+    assert "can be read again" in caplog.text and isinstance(runs[1], int)
