@@ -212,9 +212,11 @@ class MachineCpu:
 
 
 def write_config(path: Path, bootstrap: str, data: Path, master: str | None = None,
-                 max_events_per_batch: int = 0, topics: dict[str, str] | None = None, writer: str = "") -> Path:
+                 max_events_per_batch: int = 0, topics: dict[str, str] | None = None, writer: str = "",
+                 grid_s: float = 0.0) -> Path:
     """The shipped defaults but for the broker, the storage and (optionally) the Spark master, the
-    micro-batch size (0: the shipped default), the event topics and the Delta writer."""
+    micro-batch size (0: the shipped default), the event topics, the Delta writer and the episode
+    grid (``faults.evaluation_interval_s``; 0: the shipped default)."""
     text = (
         f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
         f'[storage]\nroot = "{data}/tables"\ncheckpoint_root = "{data}/checkpoints"\npublish_dir = "{data}/avoidance"\n'
@@ -227,6 +229,8 @@ def write_config(path: Path, bootstrap: str, data: Path, master: str | None = No
         text += f"[stream]\nmax_events_per_batch = {max_events_per_batch}\n"
     if topics:
         text += "[topics]\n" + "".join(f'{k} = "{v}"\n' for k, v in topics.items())
+    if grid_s:
+        text += f"[faults]\nevaluation_interval_s = {grid_s}\n"
     path.write_text(text)
     return path
 
@@ -560,18 +564,20 @@ def print_ratio(what: str, ratios: list[float]) -> None:
 
 
 def writers(bootstrap: str, work: Path, events: int, pairs: int, names: Sequence[str],
-            max_events_per_batch: int) -> None:
-    """The default job with each of two Delta writers (``storage.writer``), in ``pairs`` alternated
-    pairs; each run's figures, then the ratios of the first writer to the second."""
+            max_events_per_batch: int, setting: str = "storage.writer") -> None:
+    """The default job with each of two values of ``setting`` (``storage.writer``: two Delta
+    writers; ``faults.evaluation_interval_s``: two episode grids), in ``pairs`` alternated pairs;
+    each run's figures, then the ratios of the first value to the second."""
     runs: dict[str, list[RunFigures]] = {name: [] for name in names}
     for pair in range(pairs):
         for name in in_pair_order((names[0], names[1]), pair):
-            print(f"run: faultwatch stream --once, storage.writer {name} (pair {pair + 1}), "
+            print(f"run: faultwatch stream --once, {setting} {name} (pair {pair + 1}), "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
-            data = fresh(work, f"writer-{name}")
+            data = fresh(work, f"{setting.split('.')[0]}-{name}")
             log = work / f"{data.name}.log"
-            conf = write_config(work / f"{data.name}.toml", bootstrap, data, writer=name,
-                                max_events_per_batch=max_events_per_batch)
+            choice = {"writer": name} if setting == "storage.writer" else {"grid_s": float(name)}
+            conf = write_config(work / f"{data.name}.toml", bootstrap, data,
+                                max_events_per_batch=max_events_per_batch, **choice)
             r = run_job(stream_args(conf), log)
             if check(r, log, name):
                 runs[name].append(r)
@@ -767,10 +773,16 @@ def main() -> None:
     ap.add_argument("--writer", default="",
                     help="storage.writer of the main run; two, comma-separated (deltalake,delta-spark): "
                          "instead of the runs above, the job with each in --pairs alternated pairs")
+    ap.add_argument("--grid-s", default="",
+                    help="two faults.evaluation_interval_s values, comma-separated (5,1): instead of the runs "
+                         "above, the job with each in --pairs alternated pairs")
     args = ap.parse_args()
     names = [w for w in args.writer.split(",") if w]
     if len(names) > 2 or any(w not in ("deltalake", "delta-spark") for w in names):
         raise SystemExit(f"--writer: one or two of deltalake, delta-spark; got {args.writer!r}")
+    grids = [g for g in args.grid_s.split(",") if g]
+    if grids and (len(grids) != 2 or names or not all(g.replace(".", "", 1).isdigit() for g in grids)):
+        raise SystemExit(f"--grid-s: two numbers of seconds, without --writer; got {args.grid_s!r}")
     events_wanted = 60_000 if args.quick else args.events
     work = Path(tempfile.mkdtemp(prefix="faultwatch-bench-stream-"))
     cfg = Config()
@@ -792,6 +804,10 @@ def main() -> None:
             events = sum(counts.values())
             if len(names) == 2:
                 writers(kafka.bootstrap, work, events, args.pairs, names, args.max_events_per_batch)
+                continue
+            if grids:
+                writers(kafka.bootstrap, work, events, args.pairs, grids, args.max_events_per_batch,
+                        setting="faults.evaluation_interval_s")
                 continue
             cpu = broker_cpu_s(kafka)
             secs = ceiling(kafka.bootstrap, counts)
