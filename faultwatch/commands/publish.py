@@ -1,9 +1,9 @@
-"""``faultwatch publish``: one avoidance cycle (load → recommend → validate → publish)."""
+"""``faultwatch publish``: one avoidance cycle (load → recommend → validate → publish), or ``--every``
+/ ``--watch`` for the loop of regular and early cycles (:mod:`pipeline.publish.watch`)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -11,8 +11,6 @@ from faultwatch.commands.common import add_config_arg, config_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.publish import CycleReport
-
-log = logging.getLogger("faultwatch.publish")
 
 EXIT_CODES = {"published": 0, "rejected": 3, "skipped": 4, "failed": 5}
 
