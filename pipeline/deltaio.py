@@ -19,7 +19,7 @@ import pyarrow.fs as pa_fs
 
 from pipeline import objstore
 
-__all__ = ["latest_revision", "read_table", "table_exists", "table_uri", "table_version"]
+__all__ = ["latest_revision", "read_table", "table_columns", "table_exists", "table_uri", "table_version"]
 
 
 def table_uri(root: str, name: str) -> str:
@@ -42,6 +42,19 @@ def table_version(root: str, name: str) -> int | None:
     uri = table_uri(root, name)
     opts = objstore.storage_options(uri)
     return int(DeltaTable(uri, storage_options=opts).version()) if DeltaTable.is_deltatable(uri, storage_options=opts) else None
+
+
+def table_columns(root: str, name: str) -> list[str]:
+    """The columns the table has now (a table written by an older faultwatch may lack newer ones); a
+    missing table has its declared schema's."""
+    from deltalake import DeltaTable
+
+    uri = table_uri(root, name)
+    opts = objstore.storage_options(uri)
+    if not DeltaTable.is_deltatable(uri, storage_options=opts):
+        schema = _declared_schema(name)
+        return list(schema.names) if schema is not None else []
+    return [f.name for f in DeltaTable(uri, storage_options=opts).schema().fields]
 
 
 def table_has_rows(root: str, name: str) -> bool:

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.deltaio import latest_revision, read_table, table_exists
+from pipeline.deltaio import latest_revision, read_table, table_columns, table_exists
 
 _COLUMNS = {
     "producer_fault_windows_live": ["window_id", "cluster", "producer_group", "client_id", "client_version", "broker_name",
@@ -31,6 +31,8 @@ _COLUMNS = {
     "avoidance_recommendations": ["cycle_id", "cluster", "broker_name", "action", "avoid_until_ms", "expires_ms",
                                   "reason", "producers_avoiding", "decided_ms"],
 }
+# Columns shown when the table has them (a table an older faultwatch wrote, not yet evolved, lacks them).
+_OPTIONAL = {"broker_fault_episodes_live": ["closed_by"]}
 _TIME_COLUMN = {
     "producer_fault_windows_live": "end_ms",
     "broker_fault_episodes_live": None,
@@ -123,6 +125,10 @@ def _health_from_bronze_instead(data: ReportData, root: str, since_ms: int | Non
 def _read(root: str, name: str, columns: list[str], since_ms: int | None) -> pd.DataFrame:
     time_col = _TIME_COLUMN[name]
     flt = pc.field(time_col) >= since_ms if (since_ms is not None and time_col) else None
+    optional = _OPTIONAL.get(name, [])
+    if optional:
+        have = set(table_columns(root, name))
+        columns = columns + [c for c in optional if c in have]
     table = read_table(root, name, columns=columns, filter=flt)
     key = _CURRENT_VIEW_KEY.get(name)
     if key is not None:

@@ -222,3 +222,23 @@ def test_cli_writes_the_report_and_prints_its_path(tmp_path: Path, capsys: pytes
     assert main(["report", "--config", str(conf), "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     assert _figure(out.read_text(), "availability") is not None
+
+
+def test_an_episode_closed_by_silence_says_so_and_an_older_table_without_the_column_still_reads(
+    tmp_path: Path, outage: tuple[Simulation, MemorySink]
+) -> None:
+    rows = silver_rows(*outage)["broker_fault_episodes_live"]
+    silent = [{**r, "closed_by": "silence" if r["state"] == "closed" else None} for r in rows]
+    _write(tmp_path / "new", "broker_fault_episodes_live", silent)
+    html = build_html(load_report_data(str(tmp_path / "new")), generated_ms=1_767_225_600_000)
+    assert "closed by silence after 64 s: not heard of since, maybe still down" in html
+
+    # a table an older faultwatch wrote: no closed_by column (the job adds it when it starts)
+    spec = table("broker_fault_episodes_live")
+    defaults = {f.name: None if f.nullable else (f.enum[0] if f.enum else _DEFAULTS[f.kind]) for f in spec.fields}
+    old = pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=spec.arrow_schema()).drop_columns(["closed_by"])
+    write_deltalake(str(tmp_path / "old" / "broker_fault_episodes_live"), old,
+                    partition_by=list(spec.partition_by) or None)
+    data = load_report_data(str(tmp_path / "old"))
+    assert "closed_by" not in data.frame("broker_fault_episodes_live").columns
+    assert "closed, lasted 64 s" in build_html(data, generated_ms=1_767_225_600_000)
