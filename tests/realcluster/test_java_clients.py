@@ -106,6 +106,25 @@ def test_hook_with_kafka_unreachable_never_stops_sends_and_counts_its_drops(driv
     assert log.count("events dropped so far") == 1, log  # once per interval (60 s), with the total
 
 
+@pytest.mark.parametrize("version", CLIENT_VERSIONS)
+def test_hook_records_a_fault_item_the_client_removes_by_itself(driver, rmq_topic: str, version: str) -> None:  # type: ignore[no-untyped-def]
+    """4.9's fallback drops the item of a picked broker outside the route; no send shows it, the tap does."""
+    d = driver(version, topic=rmq_topic, kafka=f"127.0.0.1:{free_port()}")
+    assert d.command("send 6")["failed"] == 0  # the producer learns the route
+    before = int(time.time() * 1000)
+    out = d.command("fallback broker-gone")
+    after = int(time.time() * 1000)
+    assert out["routed"] == ["broker-a", "broker-b", "broker-c"], out
+    assert set(out["picked"]) <= set(out["routed"]) and out["picked"], out
+    items = {i["broker_name"] for i in out["items"]}
+    if version.startswith("4."):
+        [removed] = out["removed"]
+        assert removed["broker_name"] == "broker-gone" and before <= removed["at_ms"] <= after, out
+        assert "broker-gone" not in items, out
+    else:  # 5.x's selection never removes an item
+        assert out["removed"] == [] and "broker-gone" in items, out
+
+
 def test_hook_delivers_again_once_kafka_is_back(driver, rmq_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from pipeline.kafka_local import start_local_kafka
 

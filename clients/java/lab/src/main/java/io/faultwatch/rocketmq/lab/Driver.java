@@ -2,6 +2,7 @@ package io.faultwatch.rocketmq.lab;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Paths;
 import java.util.ArrayList;
@@ -9,7 +10,9 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import java.util.concurrent.atomic.AtomicLong;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -21,10 +24,13 @@ import io.faultwatch.rocketmq.hook.FaultwatchSendHook;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.impl.producer.DefaultMQProducerImpl;
+import org.apache.rocketmq.client.impl.producer.TopicPublishInfo;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageQueue;
 
 /**
  * A real RocketMQ producer (and optionally a push consumer) driven by commands on stdin, one JSON
@@ -33,7 +39,7 @@ import org.apache.rocketmq.common.message.Message;
  * producer's own fault table through {@link FaultTable}.
  *
  * Commands: {@code send N}, {@code faults}, {@code hook}, {@code flush}, {@code feed JSON}, {@code feedstats},
- * {@code consume GROUP}, {@code quit}.
+ * {@code fallback BROKER}, {@code consume GROUP}, {@code quit}.
  */
 public final class Driver {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -117,6 +123,7 @@ public final class Driver {
                 out.put("last_rejection", feed.lastRejection());
                 break;
             case "feedstats": feedStats(out); break;
+            case "fallback": fallback(parts[1], out); break;
             case "consume": consume(parts[1], out); break;
             case "consumed": out.put("consumed", consumed.get()); break;
             default: out.put("error", "unknown command " + parts[0]);
@@ -171,6 +178,71 @@ public final class Driver {
         items.sort((a, b) -> ((String) a.get("broker_name")).compareTo((String) b.get("broker_name")));
         out.put("items", items);
         out.put("client_id", producer.getDefaultMQProducerImpl().getMqClientFactory().getClientId());
+        if (hook != null) {
+            List<Map<String, Object>> removed = new ArrayList<>();
+            for (FaultwatchSendHook.Removal r : hook.removals()) {
+                Map<String, Object> m = new LinkedHashMap<>();
+                m.put("broker_name", r.broker);
+                m.put("at_ms", r.atMs);
+                removed.add(m);
+            }
+            out.put("removed", removed);
+        }
+    }
+
+    /**
+     * {@code fallback GONE}: runs the client's own queue selection with every broker of the topic's
+     * route unavailable, as a loaded producer meets it. The table gets a failure's window on GONE (a
+     * broker outside the route, with the lowest latency, so the fallback ranks it first) and a slow
+     * send's window on each routed broker; then the client selects until its fallback has picked GONE
+     * and, finding no write queues, removed it (4.9.x: within two selections; 5.x never removes).
+     * Answers the selections made and the hook's removals.
+     */
+    private void fallback(String gone, Map<String, Object> out) throws Exception {
+        DefaultMQProducerImpl impl = producer.getDefaultMQProducerImpl();
+        TopicPublishInfo info = impl.getTopicPublishInfoTable().get(topic);
+        if (info == null) {
+            out.put("error", "no route for " + topic + " yet: send first");
+            return;
+        }
+        // by reflection: the two client lines differ in these methods' parameters
+        Method update = null;
+        Method select = null;
+        for (Method m : impl.getClass().getMethods()) {
+            if (m.getName().equals("updateFaultItem")) {
+                update = m;
+            } else if (m.getName().equals("selectOneMessageQueue")) {
+                select = m;
+            }
+        }
+        Set<String> routed = new TreeSet<>();
+        for (MessageQueue mq : info.getMessageQueueList()) {
+            routed.add(mq.getBrokerName());
+        }
+        long latency = 600;
+        for (String broker : routed) {
+            invokeUpdate(update, impl, broker, latency++, false); // 4.9: 550 ms and more -> 30 s
+        }
+        invokeUpdate(update, impl, gone, 5, true); // isolation -> the longest window
+        long before = hook == null ? 0 : hook.removalCount();
+        List<String> picked = new ArrayList<>();
+        for (int i = 0; i < 4 && (hook == null || hook.removalCount() == before); i++) {
+            Object mq = select.getParameterCount() == 2 ? select.invoke(impl, info, null)
+                    : select.invoke(impl, info, null, false);
+            picked.add(((MessageQueue) mq).getBrokerName());
+        }
+        out.put("routed", new ArrayList<>(routed));
+        out.put("picked", picked);
+        faults(out);
+    }
+
+    private static void invokeUpdate(Method update, Object impl, String broker, long latency,
+                                     boolean isolation) throws Exception {
+        if (update.getParameterCount() == 3) {
+            update.invoke(impl, broker, latency, isolation);
+        } else {
+            update.invoke(impl, broker, latency, isolation, true);
+        }
     }
 
     private void feedStats(Map<String, Object> out) {

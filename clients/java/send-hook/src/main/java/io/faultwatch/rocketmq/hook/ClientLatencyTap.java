@@ -20,7 +20,8 @@ import java.util.function.Supplier;
  * {@code LatencyFaultTolerance} interface (both client lines have it, with different methods): every
  * call reaches the client's own table unchanged, and an {@code updateFaultItem} made on a send thread
  * that has a pending hook event completes that event with what the client passed and the client's own
- * clock reading, read back from the item it just wrote. The proxy answers {@link Supplier#get()} with
+ * clock reading, read back from the item it just wrote. A {@code remove} (4.9's fallback drops the item
+ * of a broker that has left the route) is recorded by the hook, since no send shows it. The proxy answers {@link Supplier#get()} with
  * the client's table, so tools that read the table by reflection can see through it.
  */
 final class ClientLatencyTap implements InvocationHandler, Supplier<Object> {
@@ -71,6 +72,9 @@ final class ClientLatencyTap implements InvocationHandler, Supplier<Object> {
             out = method.invoke(delegate, args);
         } catch (InvocationTargetException e) {
             throw e.getCause();
+        }
+        if ("remove".equals(method.getName()) && args != null && args.length == 1) {
+            hook.clientRemoved(String.valueOf(args[0]), System.currentTimeMillis());
         }
         if (update) {
             Boolean reachable = args.length >= 4 && args[3] instanceof Boolean ? (Boolean) args[3] : null;

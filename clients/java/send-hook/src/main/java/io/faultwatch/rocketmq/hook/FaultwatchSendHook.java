@@ -1,11 +1,14 @@
 package io.faultwatch.rocketmq.hook;
 
 import java.lang.ref.WeakReference;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentLinkedDeque;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.logging.Logger;
 
@@ -48,6 +51,30 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     private final ThreadLocal<SendEvent> pending = new ThreadLocal<>();
     // The tapped producers, copied on install so the send path reads them without a lock.
     private volatile WeakReference<?>[] tapped = new WeakReference<?>[0];
+    // The client's own removals of fault items, newest last (at most MAX_REMOVALS kept).
+    private final ConcurrentLinkedDeque<Removal> removals = new ConcurrentLinkedDeque<>();
+    private final AtomicLong removalCount = new AtomicLong();
+    static final int MAX_REMOVALS = 1024;
+
+    /**
+     * A fault item the client dropped from its table by itself: 4.9.x's {@code pickOneAtLeast} fallback
+     * (every broker of the route unavailable) removes the item of a picked broker that has no write
+     * queues, i.e. one that has left the topic's route. No send shows that, so faultwatch, which replays
+     * the table from send events, keeps that broker's window to its end; while the broker stays out of
+     * the route the window cannot change what the producer picks, but once it is back the client sends
+     * to it and faultwatch still counts it avoided. Recorded here so an operator (and faultwatch's lab)
+     * can tell the two apart.
+     */
+    public static final class Removal {
+        public final String broker;
+        /** The hook's clock just after the client removed the item. */
+        public final long atMs;
+
+        Removal(String broker, long atMs) {
+            this.broker = broker;
+            this.atMs = atMs;
+        }
+    }
 
     /**
      * This thread's last message id and its attempt number, and the synchronous attempt it has begun
@@ -245,6 +272,25 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         } catch (Exception | LinkageError e) {
             // Never fail the application's send because of faultwatch.
         }
+    }
+
+    /** The tap saw the client {@code remove} its item for {@code broker} (see {@link Removal}). */
+    void clientRemoved(String broker, long atMs) {
+        removals.addLast(new Removal(broker, atMs));
+        removalCount.incrementAndGet();
+        while (removals.size() > MAX_REMOVALS) {
+            removals.pollFirst();
+        }
+    }
+
+    /** The client's own removals of fault items seen so far (the newest {@value #MAX_REMOVALS}), oldest first. */
+    public List<Removal> removals() {
+        return new ArrayList<>(removals);
+    }
+
+    /** How many fault items the tapped clients removed by themselves since this hook was made. */
+    public long removalCount() {
+        return removalCount.get();
     }
 
     private void offer(SendEvent event) {
