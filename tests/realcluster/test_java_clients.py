@@ -107,9 +107,12 @@ def test_hook_with_kafka_unreachable_never_stops_sends_and_counts_its_drops(driv
 
 
 @pytest.mark.parametrize("version", CLIENT_VERSIONS)
-def test_hook_records_a_fault_item_the_client_removes_by_itself(driver, rmq_topic: str, version: str) -> None:  # type: ignore[no-untyped-def]
+def test_hook_records_a_fault_item_the_client_removes_by_itself(  # type: ignore[no-untyped-def]
+    kafka, cfg: Config, driver, rmq_topic: str, version: str
+) -> None:
     """4.9's fallback drops the item of a picked broker outside the route; no send shows it, the tap does."""
-    d = driver(version, topic=rmq_topic, kafka=f"127.0.0.1:{free_port()}")
+    cfg = unique_topics(cfg, kafka, "removal")
+    d = driver(version, topic=rmq_topic, kafka=kafka.bootstrap, results_topic=cfg.topics.send_results)
     assert d.command("send 6")["failed"] == 0  # the producer learns the route
     before = int(time.time() * 1000)
     out = d.command("fallback broker-gone")
