@@ -124,6 +124,8 @@ def test_hook_records_a_fault_item_the_client_removes_by_itself(  # type: ignore
         [removed] = out["removed"]
         assert removed["broker_name"] == "broker-gone" and before <= removed["at_ms"] <= after, out
         assert "broker-gone" not in items, out
+        log = d.tail(200)
+        assert log.count("removed its fault item for broker-gone by itself") == 1, log  # the operator is told
     else:  # 5.x's selection never removes an item
         assert out["removed"] == [] and "broker-gone" in items, out
 

@@ -55,6 +55,8 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     private final ConcurrentLinkedDeque<Removal> removals = new ConcurrentLinkedDeque<>();
     private final AtomicLong removalCount = new AtomicLong();
     static final int MAX_REMOVALS = 1024;
+    static final long REMOVAL_LOG_INTERVAL_MS = 60_000;
+    private final AtomicLong lastRemovalLogMs = new AtomicLong(Long.MIN_VALUE / 2);
 
     /**
      * A fault item the client dropped from its table by itself: 4.9.x's {@code pickOneAtLeast} fallback
@@ -277,9 +279,16 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
     /** The tap saw the client {@code remove} its item for {@code broker} (see {@link Removal}). */
     void clientRemoved(String broker, long atMs) {
         removals.addLast(new Removal(broker, atMs));
-        removalCount.incrementAndGet();
+        long count = removalCount.incrementAndGet();
         while (removals.size() > MAX_REMOVALS) {
             removals.pollFirst();
+        }
+        long last = lastRemovalLogMs.get();
+        if (atMs - last >= REMOVAL_LOG_INTERVAL_MS && lastRemovalLogMs.compareAndSet(last, atMs)) {
+            LOG.info("faultwatch send hook: the RocketMQ client removed its fault item for " + broker
+                    + " by itself (4.9's fallback: every routed broker unavailable, " + broker + " outside the route); "
+                    + "faultwatch, which sees no send for it, keeps that producer's window to its end ("
+                    + count + " such removals so far)");
         }
     }
 
