@@ -9,10 +9,10 @@ force at the snapshot has a faultwatch window in force then (as known at that mo
 end, and every such window has its client item. Producers with the feed are left out: the feed
 writes their tables without a send, which no event shows. The table keeps a window's state after
 each micro-batch, so a state that one micro-batch opened and changed again is not there to compare:
-such items (a send in between shows them) are counted apart, never as matches. So are windows whose
-item a 4.9 client removed by itself: with every broker of its route unavailable its fallback picks
-the best-ranked item, and drops it when that broker has no write queues (it left the route, as a
-killed broker does); no send shows that, the hook's tap does (the driver reports its removals).
+such items (a send in between shows them) are counted apart, never as matches. An item a 4.9
+client removed by itself (its fallback drops a picked broker that left the route) is compared like
+any other: the hook's next event carries the removal, and faultwatch ends the window there; the
+facts count such removals (``client_removals``).
 
 Release: from the killed broker's restart on, the avoidance each fault-tolerant producer's own table
 still held on it, in broker-minutes: between two readings the earlier one's state (cut at its
@@ -63,29 +63,24 @@ def revisions_by_client(windows: list[dict[str, Any]]) -> dict[str, Revisions]:
     return out
 
 
-def faultwatch_windows_at(by_id: Revisions, now: int, starts: dict[str, int] | None = None) -> dict[str, int]:
+def faultwatch_windows_at(by_id: Revisions, now: int) -> dict[str, int]:
     """Broker -> end of the windows in force at ``now``, each window as it stood then: its newest
     revision whose change (``updated_ms``) is not later (the first one when a micro-batch folded the
-    opening update together with a later one). ``starts`` gets the start of the window kept."""
+    opening update together with a later one)."""
     out: dict[str, int] = {}
     for rows in by_id.values():
         w = ([r for r in rows if r["updated_ms"] <= now] or rows[:1])[-1]
-        if w["start_ms"] <= now < w["end_ms"] and w["end_ms"] > out.get(w["broker_name"], 0):
-            out[w["broker_name"]] = w["end_ms"]
-            if starts is not None:
-                starts[w["broker_name"]] = w["start_ms"]
+        if w["start_ms"] <= now < w["end_ms"]:
+            out[w["broker_name"]] = max(out.get(w["broker_name"], 0), w["end_ms"])
     return out
 
 
-def removed_by_the_client(snap: Snapshot, starts: dict[str, int], now: int) -> dict[str, int]:
-    """Brokers whose item the client removed by itself (the hook's tap saw 4.9's fallback drop a broker
-    outside the route) after faultwatch's window on it began and by ``now``: broker -> when."""
+def client_removals(run: LabRun) -> dict[str, int]:
+    """Per producer: the fault items its client removed by itself, as its hook last reported them."""
     out: dict[str, int] = {}
-    for r in snap.faults.get("removed", ()):
-        start = starts.get(r["broker_name"])
-        if start is not None and start <= r["at_ms"] <= now:
-            out[r["broker_name"]] = r["at_ms"]
-    return out
+    for snap in run.snapshots:
+        out[snap.producer] = max(out.get(snap.producer, 0), len(snap.faults.get("removed", ())))
+    return {p: n for p, n in sorted(out.items()) if n}
 
 
 def folded_over_a_send(by_id: Revisions, now: int, send_times: dict[str, list[int]]) -> set[str]:
@@ -103,14 +98,12 @@ def folded_over_a_send(by_id: Revisions, now: int, send_times: dict[str, list[in
 
 def oracle(run: LabRun, windows: list[dict[str, Any]], misses: list[str],
            by_version: dict[str, list[int]] | None = None,
-           sends: list[dict[str, Any]] | None = None, folded: list[str] | None = None,
-           removed: list[str] | None = None) -> dict[str, tuple[int, int]]:
+           sends: list[dict[str, Any]] | None = None, folded: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """Per phase: (items matched, items): an item is a broker that the client's table or faultwatch's
     windows (as known then) hold in force at the snapshot; it matches when both do, with the same
     avoid-until. Each miss is described in ``misses``; ``by_version`` gets the counts per client line.
     With ``sends``, a broker whose window as of the snapshot one micro-batch folded into a later change
-    (:func:`folded_over_a_send`) is no item: it is described in ``folded`` instead. So is a window whose
-    item the client removed by itself (:func:`removed_by_the_client`): described in ``removed``."""
+    (:func:`folded_over_a_send`) is no item: it is described in ``folded`` instead."""
     revisions = revisions_by_client(windows)
     send_times: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for s in sends or ():
@@ -122,17 +115,10 @@ def oracle(run: LabRun, windows: list[dict[str, Any]], misses: list[str],
         now = snap.faults["now_ms"]
         client = client_windows(snap)
         mine = revisions.get(snap.faults["client_id"], {})
-        starts: dict[str, int] = {}
-        ours = faultwatch_windows_at(mine, now, starts)
+        ours = faultwatch_windows_at(mine, now)
         unknown = folded_over_a_send(mine, now, send_times[snap.faults["client_id"]]) if sends is not None else set()
-        dropped = removed_by_the_client(snap, starts, now)
         matched = total = 0
         for broker in sorted(client.keys() | ours.keys()):
-            if broker in dropped and broker not in client:
-                if removed is not None:
-                    removed.append(f"{snap.phase} {snap.producer} {broker}: the client removed its item at "
-                                   f"{dropped[broker]}, faultwatch end {ours[broker]} (read at {now})")
-                continue
             if broker in unknown:
                 if folded is not None:
                     folded.append(f"{snap.phase} {snap.producer} {broker}: client until {client.get(broker)}, "
@@ -258,8 +244,7 @@ def report(run: LabRun) -> dict[str, Any]:
     misses: list[str] = []
     by_version: dict[str, list[int]] = {}
     folded: list[str] = []
-    removed: list[str] = []
-    per_phase = oracle(run, windows, misses, by_version, sends, folded, removed)
+    per_phase = oracle(run, windows, misses, by_version, sends, folded)
     facts["oracle"] = {k: list(v) for k, v in per_phase.items()}
     facts["oracle_by_version"] = by_version
     for phase, (m, t) in per_phase.items():
@@ -272,11 +257,10 @@ def report(run: LabRun) -> dict[str, Any]:
         lines.append(f"  not compared ({len(folded)}): the window's state at the reading was folded by one "
                      "micro-batch into a later change")
         lines.extend(f"  folded: {m}" for m in folded[:10])
-    facts["oracle_removed"] = len(removed)
-    if removed:
-        lines.append(f"  not compared ({len(removed)}): the client removed the item by itself (4.9's fallback "
-                     "drops a broker outside the route; no send shows it, faultwatch keeps the window)")
-        lines.extend(f"  removed: {m}" for m in removed[:10])
+    facts["client_removals"] = client_removals(run)
+    if facts["client_removals"]:
+        lines.append("  fault items the clients removed by themselves (4.9's fallback; compared like the others): "
+                     f"{facts['client_removals']}")
     if len(misses) > 40:
         lines.append(f"  ... and {len(misses) - 40} more unmatched")
 

@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.faults.events import with_removals
+
 # how chunks of events and of table rows travel through Spark (the reader tasks import it from here)
 from pipeline.ipc import ipc_bytes  # noqa: F401
 from pipeline.lag.sends import per_second
@@ -127,11 +129,13 @@ def encode_dictionary(rows: pa.Table, names: Sequence[str]) -> pa.Table:
 
 
 def fault_feed(send_results: pa.Table, columns: Sequence[str], shards: int) -> list[tuple[str, str, pa.Table]]:
-    """(key, table, rows) per (cluster, shard): the fault step's columns of the send results, with
-    the brokers of a cluster spread over ``shards`` keys by a hash of their name."""
+    """(key, table, rows) per (cluster, shard): the fault step's columns of the send results and of
+    the fault items their clients removed (:func:`pipeline.faults.events.with_removals`), with the
+    brokers of a cluster spread over ``shards`` keys by a hash of their name."""
     out: list[tuple[str, str, pa.Table]] = []
     if send_results.num_rows == 0:
         return out
+    send_results = with_removals(send_results)  # before the spread: a removed broker may be another key's
     names = send_results.column("broker_name").combine_chunks()
     if not pa.types.is_dictionary(names.type):
         names = pc.dictionary_encode(names)

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import FaultsConfig
 from pipeline.faults.codec import decode_fleet, decode_state, encode_fleet, encode_state
-from pipeline.faults.events import EVENT_COLUMNS, Events, from_arrow_table
+from pipeline.faults.events import EVENT_COLUMNS, Events, from_arrow_table, with_removals
 from pipeline.faults.fleet import FleetState, fleet_step
 from pipeline.faults.state import FaultOutputs, FaultState, initial_state, is_empty, step
 from pipeline.stateful import Clock, Stepped, concat
@@ -119,7 +119,7 @@ class FleetFaults:
         return FleetState()
 
     def events(self, chunks: Mapping[str, Sequence[pa.Table]]) -> pa.Table:
-        return send_results(chunks)
+        return with_removals(send_results(chunks))  # one key: every broker's rows are here
 
     def step(self, state: FleetState, events: pa.Table, clock: Clock) -> Stepped[FleetState]:
         state, out = fleet_step(state, from_arrow_table(events), self.cfg, self.delay_ms, clock.now_ms)

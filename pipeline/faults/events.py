@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.faults.coded import Coded
 from pipeline.faults.frame import Cols, build, from_arrow, nrows
@@ -46,6 +47,8 @@ EVENT_SCHEMA: dict[str, str] = {
     "isolation": "object",
     "reachable": "object",
     "send_latency_fault_enable": "object",
+    "fault_item_removed": "object",
+    "fault_item_removed_ms": "object",
     "kafka_topic": "object",
     "kafka_partition": "int64",
     "kafka_offset": "int64",
@@ -56,8 +59,12 @@ EVENT_COLUMNS = list(EVENT_SCHEMA)
 GEN_NAMES = (GEN_49, GEN_5)  # generation codes: index into this tuple
 GEN_CODE = {name: i for i, name in enumerate(GEN_NAMES)}
 BAD_VERSION = -1
-STATUS_CODE = {name: i for i, name in enumerate(SEND_STATUSES)}
+# The status of a row the fault step adds for a fault item a client removed by itself (an event's
+# ``fault_item_removed``, see :func:`with_removals`): never on the wire (the contract refuses it).
+REMOVAL = "FAULT_ITEM_REMOVED"
+STATUS_CODE = {name: i for i, name in enumerate((*SEND_STATUSES, REMOVAL))}
 FAILED = STATUS_CODE["FAILED"]
+REMOVED = STATUS_CODE[REMOVAL]
 
 
 def from_arrow_table(table: pa.Table | pa.RecordBatch) -> Cols:
@@ -239,10 +246,58 @@ def rule_arguments(gen: np.ndarray, status: Coded, failed_error: Coded, detector
         g = int(gen[i])
         st: Any = status.words[s_codes[i]] if s_codes[i] >= 0 else None
         err = failed_error.words[e_codes[i]] if e_codes[i] >= 0 else None
-        looked[k] = update_args_for(GEN_NAMES[g], st, err, detector_enabled) if g >= 0 else (False, True)
+        if g < 0 or st == REMOVAL:  # a removal: the item's end moves to its time (4.9), as a 0 ms window
+            looked[k] = (False, True)
+        else:
+            looked[k] = update_args_for(GEN_NAMES[g], st, err, detector_enabled)
     iso[:] = looked[inverse, 0]
     reach[:] = looked[inverse, 1]
     return iso, reach
+
+
+def with_removals(table: pa.Table) -> pa.Table:
+    """``table``'s send results and, after them, one row per fault item a client removed by itself.
+
+    A 4.9 client whose routed brokers are all unavailable falls back on ``pickOneAtLeast``; a picked
+    broker without write queues (one that left the route) has its item removed, and no send shows
+    it. The send hook puts that on the thread's next event (``fault_item_removed`` and
+    ``fault_item_removed_ms``). The added row is that producer's update of the removed broker at that
+    time with a window of 0 ms, which is what the removal does to the item's end: the broker is
+    available from then on. Its status is :data:`REMOVAL`, so no count of sends (health, episodes)
+    takes it. It keeps its event's Kafka position and gets the event id with ``/removed`` appended.
+    Made before the rows are spread over the state keys (the removed broker may be another key's).
+    """
+    if "fault_item_removed" not in table.column_names or "fault_item_removed_ms" not in table.column_names:
+        return table
+    removed, at = table.column("fault_item_removed"), table.column("fault_item_removed_ms")
+    if removed.null_count == len(removed):
+        return table
+    extra = table.filter(pc.and_(pc.is_valid(removed), pc.is_valid(at)))
+    if extra.num_rows == 0:
+        return table
+    n = extra.num_rows
+    changed: dict[str, Any] = {
+        "broker_name": extra.column("fault_item_removed"),
+        "ts_ms": extra.column("fault_item_removed_ms"),
+        "status": pa.array([REMOVAL] * n),
+        "latency_ms": pa.array([0] * n, pa.int64()),
+        "error": pa.nulls(n, pa.string()),
+        "queue_offset": pa.nulls(n, pa.int64()),
+        "isolation": pa.array([False] * n),
+        "reachable": pa.nulls(n, pa.bool_()),
+        "event_id": pc.binary_join_element_wise(pc.cast(extra.column("event_id"), pa.string()), "/removed", ""),
+        "fault_item_removed": pa.nulls(n, pa.string()),
+        "fault_item_removed_ms": pa.nulls(n, pa.int64()),
+    }
+    for name, values in changed.items():
+        if name in extra.column_names:
+            i = extra.column_names.index(name)
+            field = extra.schema.field(i)
+            if pa.types.is_null(field.type):  # a column without a value in this batch
+                extra = extra.set_column(i, field.with_type(values.type), values)
+            else:
+                extra = extra.set_column(i, field, pc.cast(values, field.type))
+    return pa.concat_tables([table, extra], promote_options="default").combine_chunks()
 
 
 def given(derived: np.ndarray, present: np.ndarray, value: np.ndarray) -> np.ndarray:

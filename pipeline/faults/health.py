@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.faults.events import REMOVED
 from pipeline.faults.frame import Cols, group_bounds
 from schemas.tables import utc_date
 
@@ -80,7 +81,7 @@ def minute_rows(
 ) -> list[dict[str, Any]]:
     """Rows for every (broker, minute) with sends in ``[first_minute, end_minute)``."""
     ts = log["ts"]
-    sel = np.flatnonzero((ts >= first_minute) & (ts < end_minute))
+    sel = np.flatnonzero((ts >= first_minute) & (ts < end_minute) & (log["status"] != REMOVED))  # sends only
     if len(sel) == 0:
         return []
     broker = log["broker"][sel].astype(np.int64)

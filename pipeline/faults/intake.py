@@ -88,6 +88,15 @@ def screen(
     late = ~bad & (ts <= watermark_ms)
     limit = None if now_ms is None else now_ms + int(cfg.max_future_skew_s * 1000)
     future = ~bad & ~late & (ts > limit) if limit is not None else np.zeros(n, dtype=bool)
+    refused = bad | late | future
+    if n and refused.any():
+        # A removal the rules cannot take is no event of its own: the event that carries it goes to
+        # quarantine if it is refused too (a removal shortly before a send can fall at or behind the
+        # watermark when its send does not: then the window it would have ended stays, as before).
+        removal = _removals(events)
+        bad, late, future = bad & ~removal, late & ~removal, future & ~removal
+    else:
+        removal = np.zeros(n, dtype=bool)
     q: list[dict[str, Any]] = []
     if bad.any():
         q += quarantine(events, np.flatnonzero(bad), "bad_client_version",
@@ -99,8 +108,13 @@ def screen(
     if future.any():
         q += quarantine(events, np.flatnonzero(future), "future",
                          lambda i: f"ts_ms {int(ts[i])} is more than max_future_skew_s after the batch time {now_ms}")
-    ok = np.flatnonzero(~(bad | late | future))
+    ok = np.flatnonzero(~(bad | late | future | (removal & refused)))
     return ok, gen[ok], q
+
+
+def _removals(events: Events) -> np.ndarray:
+    """Which rows are removals (:func:`events.with_removals`), not sends."""
+    return ev.statuses(events.codes("status")) == ev.REMOVED
 
 
 def register(

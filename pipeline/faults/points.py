@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from pipeline.config import FaultsConfig
 from pipeline.faults import episodes as ep_mod
+from pipeline.faults.events import REMOVED
 from pipeline.faults.frame import Cols
 
 # The integer fields of a Point, then p99; bucket_errors travels as JSON.
@@ -51,7 +52,7 @@ def forecasts(
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
     slack = int(cfg.episode_close_after_s * 1000) + interval
     wanted = np.asarray(codes, dtype=np.int64)
-    mine = np.isin(log["broker"], wanted)
+    mine = np.isin(log["broker"], wanted) & (log["status"] != REMOVED)  # sends only
     rows = np.flatnonzero(mine & (log["ts"] > after - reach))
     order = rows[log["ts"][rows].argsort(kind="stable")]
     order = order[ep_mod.stable_argsort(log["broker"][order])]
@@ -104,7 +105,7 @@ def _table(cluster: str, after: int, brokers: list[str], heads: list[int], ticks
 
 def _latest(log: Cols, code: int) -> int:
     """The broker's latest send (none within reach); HEADER if the log has none."""
-    ts = log["ts"][log["broker"] == code]
+    ts = log["ts"][(log["broker"] == code) & (log["status"] != REMOVED)]
     return int(ts.max()) if len(ts) else HEADER
 
 

@@ -248,7 +248,7 @@ def _evaluate_grid(
         return []
     interval = int(cfg.evaluation_interval_s * 1000)
     reach = int(max(cfg.active_producer_window_s, cfg.outlier_window_s) * 1000)
-    in_range = log["ts"] > last - reach
+    in_range = (log["ts"] > last - reach) & (log["status"] != ev.REMOVED)  # sends only
     live = (wins["end"] > last) & (wins["start"] <= top)
     if not open_eps and not in_range.any() and not live.any():
         return []
@@ -267,7 +267,7 @@ def _evaluate_grid(
 def _brokers_seen(log: Cols, t: int, cfg: FaultsConfig) -> int:
     """Brokers of the cluster with a send in ``(t - active_producer_window_s, t]``."""
     since = t - int(cfg.active_producer_window_s * 1000)
-    seen = (log["ts"] > since) & (log["ts"] <= t)
+    seen = (log["ts"] > since) & (log["ts"] <= t) & (log["status"] != ev.REMOVED)
     return int(np.unique(log["broker"][seen]).size)
 
 

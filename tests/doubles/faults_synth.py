@@ -98,6 +98,7 @@ def bulk_stream(
         latency_ms=lat, error=np.where(fail, ERRORS[0], None).astype(object),
         queue_offset=np.where(fail, None, np.arange(n)).astype(object), attempt=0, isolation=None, reachable=None,
         send_latency_fault_enable=np.where(p % 3 == 0, None, True).astype(object),
+        fault_item_removed=None, fault_item_removed_ms=None,
         kafka_topic="rmq.send-results", kafka_partition=b % 4, kafka_offset=np.arange(n), kafka_ts_ms=ts,
     )
 

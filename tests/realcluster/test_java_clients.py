@@ -110,8 +110,9 @@ def test_hook_with_kafka_unreachable_never_stops_sends_and_counts_its_drops(driv
 def test_hook_records_a_fault_item_the_client_removes_by_itself(  # type: ignore[no-untyped-def]
     kafka, cfg: Config, driver, rmq_topic: str, version: str
 ) -> None:
-    """4.9's fallback drops the item of a picked broker outside the route; no send shows it, the tap does."""
-    cfg = unique_topics(cfg, kafka, "removal")
+    """4.9's fallback drops the item of a picked broker outside the route; no send shows it, the tap
+    does, and the thread's next event carries it (faultwatch ends the window there)."""
+    cfg = unique_topics(cfg, kafka, "removal-" + version.replace(".", "-"))
     d = driver(version, topic=rmq_topic, kafka=kafka.bootstrap, results_topic=cfg.topics.send_results)
     assert d.command("send 6")["failed"] == 0  # the producer learns the route
     before = int(time.time() * 1000)
@@ -120,14 +121,22 @@ def test_hook_records_a_fault_item_the_client_removes_by_itself(  # type: ignore
     assert out["routed"] == ["broker-a", "broker-b", "broker-c"], out
     assert set(out["picked"]) <= set(out["routed"]) and out["picked"], out
     items = {i["broker_name"] for i in out["items"]}
+    assert d.command("send 1")["failed"] == 0  # the next attempt of the thread that removed it
+    assert d.command("flush")["delivered"] == 7
+    events = [decode_event("send_result", v) for v in read_topic(kafka.bootstrap, cfg.topics.send_results, 7)]
+    carried = [(e["event_id"], e["fault_item_removed"], e["fault_item_removed_ms"]) for e in events
+               if e["fault_item_removed"] is not None]
     if version.startswith("4."):
         [removed] = out["removed"]
         assert removed["broker_name"] == "broker-gone" and before <= removed["at_ms"] <= after, out
         assert "broker-gone" not in items, out
         log = d.tail(200)
         assert log.count("removed its fault item for broker-gone by itself") == 1, log  # the operator is told
+        last = max(events, key=lambda e: int(e["event_id"].rsplit("-", 1)[1]))
+        assert carried == [(last["event_id"], "broker-gone", removed["at_ms"])], events
     else:  # 5.x's selection never removes an item
         assert out["removed"] == [] and "broker-gone" in items, out
+        assert carried == [], events
 
 
 def test_hook_delivers_again_once_kafka_is_back(driver, rmq_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

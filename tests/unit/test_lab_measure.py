@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from faultwatch.lab import LabRun, Snapshot
-from faultwatch.lab_measure import avoided_ms, faultwatch_windows_at, oracle, released_at, revisions_by_client
+from faultwatch.lab_measure import (
+    avoided_ms,
+    client_removals,
+    faultwatch_windows_at,
+    oracle,
+    released_at,
+    revisions_by_client,
+)
 
 
 def window(wid: str, broker: str, start: int, end: int, revision: int, updated: int, state: str = "open",
@@ -88,22 +95,16 @@ def test_a_state_folded_by_one_micro_batch_into_a_later_change_is_not_compared(t
     assert len(misses) == 1
 
 
-def test_an_item_the_client_removed_by_itself_is_not_compared(tmp_path: Path) -> None:
-    """A failure's 10-minute window from 1,000; the client's fallback removed the item at 4,000 (the
-    broker had left the route), which no send shows: from then on the window is not compared, before
-    then it is, and a removal before the window began explains nothing."""
+def test_an_item_the_client_removed_by_itself_is_compared_and_counted(tmp_path: Path) -> None:
+    """A failure's 10-minute window from 1,000; the client's fallback removed the item at 4,000 and its
+    next event told faultwatch, which ended the window there: no item on either side, no miss."""
     run = LabRun(tmp_path, str(tmp_path), "127.0.0.1:1", "rmq.avoidance")
-    removed = [{"broker_name": "b", "at_ms": 4_000}]
-    run.snapshots = [snapshot("killed", 3_000, {"b": 601_000}), snapshot("killed", 5_000, {}),
-                     snapshot("sampled", 6_000, {})]
-    run.snapshots[1].faults["removed"] = removed
-    run.snapshots[2].faults["removed"] = [{"broker_name": "b", "at_ms": 500}]
-    windows = [window("w1", "b", 1_000, 601_000, 1, 1_000)]
+    run.snapshots = [snapshot("killed", 3_000, {"b": 601_000}), snapshot("killed", 5_000, {})]
+    run.snapshots[1].faults["removed"] = [{"broker_name": "b", "at_ms": 4_000}]
+    windows = [window("w1", "b", 1_000, 601_000, 1, 1_000), window("w1", "b", 1_000, 4_000, 2, 4_000)]
     misses: list[str] = []
-    dropped: list[str] = []
-    assert oracle(run, windows, misses, None, None, None, dropped) == {"killed": (1, 1), "sampled": (0, 1)}
-    assert dropped == ["killed p0 b: the client removed its item at 4000, faultwatch end 601000 (read at 5000)"]
-    assert misses == ["sampled p0 b: client until None, faultwatch end 601000 (read at 6000)"]
+    assert oracle(run, windows, misses, None) == {"killed": (1, 1)} and misses == []
+    assert client_removals(run) == {"p0": 1}
 
 
 @pytest.mark.parametrize(

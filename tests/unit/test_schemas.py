@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
@@ -26,7 +28,11 @@ def good_obj() -> dict:
 
 def test_dataclass_round_trips_through_the_contract() -> None:
     row = decode_event("send_result", GOOD.to_json())
-    assert row == {**good_obj(), "isolation": None, "reachable": None, "send_latency_fault_enable": None}
+    assert row == {**good_obj(), "isolation": None, "reachable": None, "send_latency_fault_enable": None,
+                   "fault_item_removed": None, "fault_item_removed_ms": None}  # the last two: absent from the JSON
+    removal = dataclasses.replace(GOOD, fault_item_removed="broker-b", fault_item_removed_ms=GOOD.ts_ms - 3)
+    assert decode_event("send_result", removal.to_json())["fault_item_removed"] == "broker-b"
+    assert decode_event("send_result", removal.to_json())["fault_item_removed_ms"] == GOOD.ts_ms - 3
     progress = ConsumerProgress(1_700_000_000_000, "c1", "G", "T", "broker-a", 0, 10, 12, "cid", None)
     assert decode_event("consumer_progress", progress.to_json())["consumer_offset"] == 10
     member = GroupMembership(1_700_000_000_000, "c1", "G", "T", ("a", "b"), "AVG")

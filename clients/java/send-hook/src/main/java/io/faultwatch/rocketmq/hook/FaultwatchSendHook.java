@@ -64,8 +64,9 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
      * queues, i.e. one that has left the topic's route. No send shows that, so faultwatch, which replays
      * the table from send events, keeps that broker's window to its end; while the broker stays out of
      * the route the window cannot change what the producer picks, but once it is back the client sends
-     * to it and faultwatch still counts it avoided. Recorded here so an operator (and faultwatch's lab)
-     * can tell the two apart.
+     * to it and faultwatch still counts it avoided. So the next event of the thread that removed it
+     * (the attempt the fallback selected for) carries the removal, and faultwatch ends the window there;
+     * the hook also keeps the newest removals for an operator (and faultwatch's lab) to read.
      */
     public static final class Removal {
         public final String broker;
@@ -87,6 +88,8 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         int attempt;
         SendMessageContext started;
         long startNanos;
+        // The item the client removed on this thread since its last event (the attempt it selected for).
+        Removal removed;
     }
 
     public FaultwatchSendHook(String cluster, String kafkaBootstrap) {
@@ -278,7 +281,9 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
 
     /** The tap saw the client {@code remove} its item for {@code broker} (see {@link Removal}). */
     void clientRemoved(String broker, long atMs) {
-        removals.addLast(new Removal(broker, atMs));
+        Removal removal = new Removal(broker, atMs);
+        sendThread.get().removed = removal; // the next event of this thread carries it
+        removals.addLast(removal);
         long count = removalCount.incrementAndGet();
         while (removals.size() > MAX_REMOVALS) {
             removals.pollFirst();
@@ -287,8 +292,7 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         if (atMs - last >= REMOVAL_LOG_INTERVAL_MS && lastRemovalLogMs.compareAndSet(last, atMs)) {
             LOG.info("faultwatch send hook: the RocketMQ client removed its fault item for " + broker
                     + " by itself (4.9's fallback: every routed broker unavailable, " + broker + " outside the route); "
-                    + "faultwatch, which sees no send for it, keeps that producer's window to its end ("
-                    + count + " such removals so far)");
+                    + "this thread's next event tells faultwatch (" + count + " such removals so far)");
         }
     }
 
@@ -323,10 +327,16 @@ public final class FaultwatchSendHook implements SendMessageHook, AutoCloseable 
         SendResult result = ctx.getSendResult();
         Exception error = ctx.getException();
         boolean ok = error == null && result != null;
-        return new SendEvent(origin, idCounter.incrementAndGet(), System.currentTimeMillis(), ctx.getProducerGroup(),
-                clientId(ctx.getProducer()), ctx.getMq().getTopic(), ctx.getMq().getBrokerName(),
+        SendEvent event = new SendEvent(origin, idCounter.incrementAndGet(), System.currentTimeMillis(),
+                ctx.getProducerGroup(), clientId(ctx.getProducer()), ctx.getMq().getTopic(), ctx.getMq().getBrokerName(),
                 ctx.getMq().getQueueId(), ok ? result.getSendStatus().name() : null, latencyMs,
                 ok ? null : describe(error), ok ? result.getQueueOffset() : 0L, attempt, faultEnable(ctx.getProducer()));
+        SendThread t = sendThread.get();
+        if (t.removed != null) {
+            event.removed = t.removed;
+            t.removed = null;
+        }
+        return event;
     }
 
     static String describe(Exception error) {

@@ -43,6 +43,8 @@ final class SendEvent {
     final Boolean faultEnable;
     /** Set by the tap from a 5.x client's {@code reachable} argument; absent from the JSON when null. */
     Boolean reachable;
+    /** A fault item the client removed by itself just before this attempt; absent from the JSON when null. */
+    FaultwatchSendHook.Removal removed;
 
     SendEvent(Origin origin, long seq, long tsMs, String producerGroup, String clientId, String topic,
               String broker, int queueId, String status, long latencyMs, String error, long queueOffset,
@@ -95,6 +97,10 @@ final class SendEvent {
         }
         if (reachable != null) {
             g.writeBooleanField("reachable", reachable);
+        }
+        if (removed != null) {
+            g.writeStringField("fault_item_removed", removed.broker);
+            g.writeNumberField("fault_item_removed_ms", removed.atMs);
         }
         g.writeEndObject();
     }
