@@ -266,13 +266,15 @@ def with_removals(table: pa.Table) -> pa.Table:
     available from then on. Its status is :data:`REMOVAL`, so no count of sends (health, episodes)
     takes it. It keeps its event's Kafka position and gets the event id with ``/removed`` appended.
     Made before the rows are spread over the state keys (the removed broker may be another key's).
+    A removal said to come after its own event is not one the hook writes: it is left out.
     """
     if "fault_item_removed" not in table.column_names or "fault_item_removed_ms" not in table.column_names:
         return table
     removed, at = table.column("fault_item_removed"), table.column("fault_item_removed_ms")
     if removed.null_count == len(removed):
         return table
-    extra = table.filter(pc.and_(pc.is_valid(removed), pc.is_valid(at)))
+    # a removal comes before the attempt whose event carries it; one said to come later is not modelled
+    extra = table.filter(pc.and_(pc.is_valid(removed), pc.less_equal(at, table.column("ts_ms"))))
     if extra.num_rows == 0:
         return table
     n = extra.num_rows

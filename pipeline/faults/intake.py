@@ -93,7 +93,7 @@ def screen(
         # A removal the rules cannot take is no event of its own: the event that carries it goes to
         # quarantine if it is refused too (a removal shortly before a send can fall at or behind the
         # watermark when its send does not: then the window it would have ended stays, as before).
-        removal = _removals(events)
+        removal = removals(events)
         bad, late, future = bad & ~removal, late & ~removal, future & ~removal
     else:
         removal = np.zeros(n, dtype=bool)
@@ -112,15 +112,16 @@ def screen(
     return ok, gen[ok], q
 
 
-def _removals(events: Events) -> np.ndarray:
-    """Which rows are removals (:func:`events.with_removals`), not sends."""
-    return ev.statuses(events.codes("status")) == ev.REMOVED
+def removals(events: Events, rows: np.ndarray | None = None) -> np.ndarray:
+    """Which rows (of ``rows``, or all) are removals (:func:`events.with_removals`), not sends."""
+    return ev.statuses(events.codes("status", rows) if rows is not None else events.codes("status")) == ev.REMOVED
 
 
 def register(
     state: Any, events: Events, rows: np.ndarray, cfg: FaultsConfig
 ) -> tuple[Cols, tuple[str, ...], np.ndarray, np.ndarray, int]:
-    """Pair ids of ``rows`` (new pairs added); rows refused by the per-broker limit get id -1."""
+    """Pair ids of ``rows`` (new pairs added); rows refused by the per-broker limit, and removals naming a
+    pair not kept (nothing to end), get id -1."""
     broker_codes, brokers = encode(events.codes("broker_name", rows), state.brokers)
     table = state.pairs
     if len(rows) == 0:
@@ -140,6 +141,10 @@ def register(
     unique_ids = np.where(found, table["pair"][sorter[pos]] if n_old else NONE, NONE).astype(np.int64)
     group_of, client_of = group.words[group.codes[first]], client.words[client.codes[first]]  # per unique pair
     missing = np.flatnonzero(~found)
+    if len(missing):  # a pair only removals name has no window to end: no new pair, no slot taken
+        only_removals = np.ones(len(uniq), dtype=bool)
+        np.logical_and.at(only_removals, codes, removals(events, rows))
+        missing = missing[~only_removals[missing]]
     per_broker = np.bincount(table["broker"], minlength=len(brokers)).tolist() if n_old else []
     per_broker += [0] * (len(brokers) - len(per_broker))
     next_pair = state.next_pair

@@ -140,7 +140,9 @@ def step(
     table, brokers, ids, broker_codes, next_pair = intake.register(state, events, ok, cfg)
     refused = ids == NONE
     if refused.any():
-        quarantine += intake.quarantine(events, ok[refused], "state_limit",
+        over = ok[refused]
+        over = over[~intake.removals(events, over)]  # a removal without its pair has nothing to end
+        quarantine += intake.quarantine(events, over, "state_limit",
                                   f"more than faults.max_producers_per_broker={cfg.max_producers_per_broker} "
                                   "producers on this broker")
         ok, gen, ids, broker_codes = ok[~refused], gen[~refused], ids[~refused], broker_codes[~refused]

@@ -84,6 +84,22 @@ def test_a_removal_behind_the_watermark_is_dropped_and_its_event_still_counts() 
     assert {r["broker_name"]: r["sends"] for r in out.health + later.health} == {"b1": 1, "b2": 1}
 
 
+def test_a_removal_after_its_own_event_or_beyond_the_producer_limit_changes_nothing() -> None:
+    fail = send(T0, "b2", 0, failed=True)
+    later = send(T0 + 5_000, "b1", 1, removed="b2", removed_ms=T0 + 5_001)  # no hook writes this
+    assert with_removals(arrow([fail, later])).num_rows == 2
+    # b3 already holds its one producer: a removal naming b3 for p1 has no pair to end, and is no
+    # event to quarantine either
+    cfg = FaultsConfig(max_producers_per_broker=1)
+    other = dataclasses.replace(send(T0 + 1, "b3", 2), client_id="p2", event_id="p2-2")
+    carrier = send(T0 + 5_000, "b1", 3, removed="b3", removed_ms=T0 + 4_990)
+    state, out = step(initial_state("c1"), from_send_results(Events.of(with_removals(arrow([fail, other, carrier])))),
+                      0, cfg)
+    assert out.quarantine == [] and windows_of(out) == [("b2", T0, T0 + 600_000)]
+    assert sorted(zip(state.pairs["client_id"].tolist(), state.pairs["broker"].tolist())) == [
+        ("p1", 0), ("p1", 1), ("p2", 2)]
+
+
 def test_the_removal_reaches_the_removed_brokers_own_state_key() -> None:
     brokers = [f"broker-{c}" for c in "abcdefgh"]
     shards = shard_of(pa.array(brokers), 8)
