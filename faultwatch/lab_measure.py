@@ -197,9 +197,13 @@ def released_at(samples: list[tuple[int, int]]) -> int | None:
     return pts[last_avoiding + 1][0] if last_avoiding + 1 < len(pts) else None
 
 
-def release(run: LabRun) -> dict[str, Any]:
+def release(run: LabRun, sends: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Broker-minutes of avoidance of the killed broker after its restart, per producer and per client
-    line with and without the feed; when the feed's producers let it go, after the episode closed."""
+    line with and without the feed; when the feed's producers let it go, after the episode closed.
+    With ``sends``: when each producer's own first send to it succeeded after the restart began and
+    when its table first showed it available, seconds after it was back (a 4.9 client's success
+    ends its window by itself: under load, when its other brokers are slow too, it tries the
+    killed one again long before a 10-minute window ends)."""
     since = run.marks["restarted"]
     by_name: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for name, now, until in run.release_samples:
@@ -217,8 +221,20 @@ def release(run: LabRun) -> dict[str, Any]:
         line["with_feed" if p.feed else "without_feed"] += minutes
         at = released_at(by_name[p.name])
         released[p.name] = None if at is None else round((at - run.marks["episode_closed"]) / 1000, 1)
-    return {"broker_minutes": lines, "per_producer": per, "released_after_close_s": released,
-            "samples": {n: len(v) for n, v in by_name.items()}}
+    out: dict[str, Any] = {"broker_minutes": lines, "per_producer": per, "released_after_close_s": released,
+                           "samples": {n: len(v) for n, v in by_name.items()}}
+    if sends is not None:
+        names = {p.client_id: p.name for p in run.producers if p.fault_enable}
+        own: dict[str, int] = {}
+        for s in sends:
+            who = names.get(s["client_id"])
+            if (who is not None and s["broker_name"] == KILLED and s["status"] == "SEND_OK"
+                    and s["ts_ms"] >= run.marks["restart"]):
+                own[who] = min(own.get(who, s["ts_ms"]), s["ts_ms"])
+        out["own_send_back_s"] = {n: None if n not in own else round((own[n] - since) / 1000, 1) for n in per}
+        out["released_s"] = {n: None if (at := released_at(by_name[n])) is None else round((at - since) / 1000, 1)
+                             for n in per}
+    return out
 
 
 def frozen_latency(run: LabRun, health: list[dict[str, Any]]) -> dict[str, float]:
@@ -311,13 +327,15 @@ def report(run: LabRun) -> dict[str, Any]:
         lines.append(f"first-attempt failures on {KILLED} while down, {group}: with the feed {feed}, without {plain} "
                      f"({fewer}; per producer {mine})")
 
-    rel = release(run)
+    rel = release(run, sends)
     facts["release"] = rel
     for version, m in sorted(rel["broker_minutes"].items()):
         lines.append(f"release ({version}): broker-minutes of avoidance of {KILLED} after it was back: with the feed "
                      f"{m['with_feed']:.2f}, without {m['without_feed']:.2f}")
     lines.append(f"  per producer {rel['per_producer']}; readings after the restart {rel['samples']}; "
                  f"tables showing {KILLED} available again, seconds after its episode closed: {rel['released_after_close_s']}")
+    lines.append(f"  seconds after it was back: each producer's own first send to it that succeeded "
+                 f"{rel['own_send_back_s']}, its table showing it available {rel['released_s']}")
     facts["load_average"] = run.load_average
     lines.append(f"load average (1 min) at the start and the end: {run.load_average}")
 

@@ -61,14 +61,19 @@ def test_lab_prints_the_exact_oracle_the_episode_the_feeds_effect_and_its_releas
     assert late["with_feed"] + late["without_feed"] == sum(late["per_producer"].values()), late
     assert facts["kill_to_avoidance_s"] is not None and facts["kill_to_avoidance_s"] > 0, facts
     # Release on 4.9.8. Without the feed, a producer that met the refused connection keeps its 10-minute
-    # window long past the restart. Whether it met it is the client's choice: under load a slow send
-    # just before the kill (over 1 s: a 60 s window) kept one producer off broker-b the whole outage.
-    # With the feed, the release ends the window: the lab waits for it (bounded) in both feed producers.
-    per = facts["release"]["per_producer"]
+    # window long past the restart, unless it sends to broker-b again by itself and succeeds (a 4.9
+    # success ends the window): under load its other brokers are slow too (550 ms and more: 30 s
+    # windows), its fallback picks broker-b, back in its route, and the table shows it available only
+    # after that send. Whether it met the refused connection at all is the client's choice: under load
+    # a slow send just before the kill (over 1 s: a 60 s window) kept one producer off broker-b the
+    # whole outage. With the feed, the release ends the window: the lab waits for it (bounded) in
+    # both feed producers.
+    rel = facts["release"]
+    per, own, released = rel["per_producer"], rel["own_send_back_s"], rel["released_s"]
     met = {**failures["per_producer"], **late["per_producer"]}
     for name in ("p0-v498-on", "p6-v498-on-late"):
-        if met[name] > 0:
-            assert per[name] >= 5.0, (name, facts["release"])
+        if met[name] > 0 and per[name] < 5.0:
+            assert own[name] is not None and released[name] is not None and own[name] <= released[name], (name, rel)
     for name in ("p1-v498-on-feed", "p7-v498-on-feed-late"):
         assert per[name] < 5.0, (name, facts["release"])
     assert any(met[name] > 0 for name in ("p0-v498-on", "p6-v498-on-late", "p1-v498-on-feed")), met
