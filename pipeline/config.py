@@ -237,6 +237,10 @@ class MaintenanceConfig:
     # A table is compacted (then checkpointed, expired log files removed) after this many
     # micro-batches that committed to it.
     compact_every_batches: int = 120
+    # The publisher's own tables (publisher_cycles and the others it commits to every cycle) are
+    # compacted after this many of its cycles: every cycle reads them back several times, and each
+    # small file and commit since the last compaction adds to that (section 71 of docs/performance.md).
+    publisher_compact_every_cycles: int = 10
     # Compaction bin-packs files smaller than this into files about this size; larger files stay.
     target_file_mb: int = 32
     # A table is vacuumed this often: files no log version within the retention references are deleted
@@ -251,7 +255,7 @@ class MaintenanceConfig:
     data_retention_h: float = 720.0
 
     def validate(self) -> None:
-        _positive(self, "compact_every_batches", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
+        _positive(self, "compact_every_batches", "publisher_compact_every_cycles", "target_file_mb", "vacuum_interval_s", "vacuum_retention_h",
                   "log_retention_h")
         if self.data_retention_h < 0:
             raise ConfigError(f"maintenance.data_retention_h must be >= 0 (0 keeps every row), "

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,9 +281,10 @@ def publisher_upkeep(cfg: Config) -> StepResult | None:
     """The publisher's tables after one of its cycles, on the job's schedule (one step at most).
 
     Each cycle commits to ``publisher_cycles`` (and to the others when it publishes or alerts), and
-    every cycle reads them back: unmaintained, a week of cycles is ~10,000 small files and commits to
-    list and replay. Compaction counts cycles as the job counts micro-batches; vacuum and data
-    retention go by the same settings. Never raises: upkeep must not fail a cycle.
+    every cycle reads them back several times: each small file and commit since the last compaction
+    makes every cycle slower (unmaintained, a week of cycles is ~10,000 of them). So a table is
+    compacted after ``publisher_compact_every_cycles`` cycles; vacuum and data retention go by the
+    job's settings. Never raises: upkeep must not fail a cycle.
     """
     if not cfg.maintenance.enabled:
         return None
@@ -294,7 +295,8 @@ def publisher_upkeep(cfg: Config) -> StepResult | None:
         if not tables:
             return None
         state = objstore.join(cfg.storage.checkpoint_root, *PUBLISHER_SCHEDULE)
-        return Maintainer(cfg.storage.root, tables, cfg.maintenance, state).after_batch(tables)
+        own = replace(cfg.maintenance, compact_every_batches=cfg.maintenance.publisher_compact_every_cycles)
+        return Maintainer(cfg.storage.root, tables, own, state).after_batch(tables)
     except Exception:  # e.g. a table another publisher is creating: tried again next cycle
         log.warning("maintenance of the publisher's tables failed", exc_info=True)
         return None

@@ -288,15 +288,17 @@ def test_a_row_stamped_in_the_future_expires_nothing_before_the_clock_says_so(tm
 
 
 def test_the_publishers_tables_are_maintained_after_its_cycles(tmp_path: Path) -> None:
-    """Each cycle commits to publisher_cycles and reads it back: after the cycles it counts, the
-    publisher compacts it, then vacuums it with the data retention (by decided_ms); its schedule
-    lives under checkpoint_root. A cycle with nothing to maintain does nothing."""
+    """Each cycle commits to publisher_cycles and reads it back: after publisher_compact_every_cycles
+    cycles (not the job's compact_every_batches) the publisher compacts it, then vacuums it with the
+    data retention (by decided_ms); its schedule lives under checkpoint_root. A cycle with nothing to
+    maintain does nothing."""
     from pipeline.config import Config
     from pipeline.maintenance import publisher_upkeep
     from pipeline.publish.sinks import append_rows
 
     cfg = Config().replace(storage__root=str(tmp_path / "tables"), storage__checkpoint_root=str(tmp_path / "ck"),
-                           maintenance__compact_every_batches=3, maintenance__data_retention_h=1.0,
+                           maintenance__compact_every_batches=100, maintenance__publisher_compact_every_cycles=3,
+                           maintenance__data_retention_h=1.0,
                            maintenance__vacuum_retention_h=24.0, maintenance__vacuum_interval_s=3600.0)
     assert publisher_upkeep(cfg) is None  # no table yet
     now = int(time.time() * 1000)
