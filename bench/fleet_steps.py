@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=150.0, help="simulated seconds, default 150")
     ap.add_argument("--batches", type=int, default=2, help="micro-batches of event time, default 2")
     ap.add_argument("--profile", action="store_true", help="cProfile the steps (slower)")
+    ap.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
     ap.add_argument("--save", default="", help="pickle the rows written, per table, to this file")
     args = ap.parse_args()
     tables = bronze_tables(args.fleet, args.seconds)
@@ -127,7 +128,7 @@ def main() -> None:
     if args.save:
         Path(args.save).write_bytes(pickle.dumps({name: t.to_pylist() for name, t in rows.items()}))
     if profile:
-        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(30)
 
 
 if __name__ == "__main__":
