@@ -11,6 +11,12 @@ the plan's kills can consume, so no kill waits for a batch that never comes. At 
 table equals, row for row, what one clean run over the same backlog wrote into its own storage root,
 with no row written twice.
 
+It runs twice over one backlog and one clean run: with both roots in local folders, and with both
+on ``s3://`` against a real S3-compatible server (Versity's gateway over a folder,
+tests/integration/s3_server.py), whose folder the milestones are counted in. The ``delta-spark``
+writer is not run here: its micro-batches cost ~20 s each on these machines, and the plan's
+backlog is ~34 of them (test_bronze_process kills and restarts it).
+
 The test knows the job only through its command line, its log and the files it writes: the queries
 and tables it compares are the ones the job reports, whatever the default concerns are.
 """
@@ -25,17 +31,20 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from pipeline.config import Config
+from pipeline import objstore
+from pipeline.config import Config, S3Config, Secret, StorageConfig
 from pipeline.deltaio import read_table
 from pipeline.simulate import KafkaSink, Simulation, load_scenario
 from tests.conftest import unique_topics
 from tests.integration.processes import kill_tree, start_faultwatch, write_config
+from tests.integration.s3_server import REGION, S3Server, s3_server
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -175,9 +184,10 @@ def _reached(kill: Kill, pid: int, log: Path, where: Where, base: dict[str, set[
     return len(new[kill.at]) >= kill.k
 
 
-def _stream(conf: Path, log: Path) -> subprocess.Popen[bytes]:
+def _stream(conf: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # Unbuffered, so that the "started:" line reaches the log when it is printed.
-    return start_faultwatch("stream", "--config", str(conf), "--once", log=log, env={"PYTHONUNBUFFERED": "1"})
+    return start_faultwatch("stream", "--config", str(conf), "--once", log=log,
+                            env={"PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def _read(log: Path) -> str:
@@ -220,9 +230,9 @@ def _kill_at(kill: Kill, proc: subprocess.Popen[bytes], log: Path, where: Where)
     _assert_clean(log, f"killed start ({log.name})")  # no query failed before the kill
 
 
-def _run_start(kill: Kill | None, conf: Path, log: Path, where: Where) -> str:
+def _run_start(kill: Kill | None, conf: Path, log: Path, where: Where, env: dict[str, str] | None = None) -> str:
     """One start; returns how it ended: "killed" (at its milestone) or "completed" (exited 0 by itself)."""
-    proc = _stream(conf, log)
+    proc = _stream(conf, log, env)
     try:
         if kill is not None:
             _kill_at(kill, proc, log, where)
@@ -264,11 +274,12 @@ def _rows(table: pa.Table, key: tuple[str, ...]) -> list[tuple[object, ...]]:
     return sorted(rows, key=lambda r: (repr(tuple(r[i] for i in index)), repr(r)))
 
 
-def _assert_same_tables(restarted: Path, clean: Path) -> None:
-    names = _tables(restarted)
+def _assert_same_tables(restarted: str, folder: Path, clean: Path) -> None:
+    """Every table under root ``restarted`` (whose files are in ``folder``) equals its clean twin."""
+    names = _tables(folder)
     assert names == _tables(clean), f"tables differ: {sorted(names)} vs {sorted(_tables(clean))}"
     for name in sorted(names):
-        got, want = read_table(str(restarted), name), read_table(str(clean), name)
+        got, want = read_table(restarted, name), read_table(str(clean), name)
         assert sorted(got.column_names) == sorted(want.column_names), name
         key = BRONZE_KEYS.get(name, ())
         got_rows, want_rows = _rows(got, key), _rows(want, key)
@@ -287,38 +298,77 @@ def _assert_same_tables(restarted: Path, clean: Path) -> None:
         )
 
 
-def test_startup_never_fails_and_kills_change_no_table(kafka, cfg: Config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cfg = unique_topics(cfg, kafka, "restarts").replace(stream__max_events_per_batch=MAX_EVENTS_PER_BATCH)
+@dataclass(frozen=True)
+class Backlog:
+    """The simulator's backlog on its topics, and what one clean run of the job made of it."""
+
+    cfg: Config  # its topics and stream settings
+    events: int  # send_result events in it
+    clean: Path  # the clean run's storage root
+    query: str  # the first query (its files count the milestones)
+    batches: int  # micro-batches of that query in the clean run
+
+
+@pytest.fixture(scope="module")
+def backlog(kafka, tmp_path_factory: pytest.TempPathFactory) -> Backlog:  # type: ignore[no-untyped-def]
+    base = tmp_path_factory.mktemp("restarts")
+    cfg = unique_topics(Config(), kafka, "restarts").replace(stream__max_events_per_batch=MAX_EVENTS_PER_BATCH)
     scenario = load_scenario("broker-outage").replace(duration_s=SIMULATED_S)
     stats = Simulation(scenario, seed=SEED).run(KafkaSink(cfg), close=True)
-
     clean = cfg.replace(
-        storage__root=str(tmp_path / "clean" / "tables"),
-        storage__checkpoint_root=str(tmp_path / "clean" / "checkpoints"),
-        storage__publish_dir=str(tmp_path / "clean" / "avoidance"),
+        storage__root=str(base / "clean" / "tables"),
+        storage__checkpoint_root=str(base / "clean" / "checkpoints"),
+        storage__publish_dir=str(base / "clean" / "avoidance"),
     )
-    clean_log = tmp_path / "clean.log"
-    clean_conf = write_config(clean, tmp_path / "clean.toml")
-    assert _run_start(None, clean_conf, clean_log, Where(tmp_path, tmp_path)) == "completed"
+    clean_log = base / "clean.log"
+    assert _run_start(None, write_config(clean, base / "clean.toml"), clean_log, Where(base, base)) == "completed"
     started = STARTED.search(_read(clean_log))
     assert started, f"no 'started:' line:\n{_read(clean_log)[-4000:]}"
     query = started.group(1).split(", ")[0]  # the milestones are counted in the first query's files
-    backlog = len(Where(Path(clean.storage.checkpoint_root) / query, tmp_path).files()["committed"])
+    batches = len(Where(Path(clean.storage.checkpoint_root) / query, base).files()["committed"])
+    root = Path(clean.storage.root)
+    assert read_table(str(root), "send_results", columns=["event_id"]).num_rows == stats.events["send_result"]
+    assert read_table(str(root), "broker_fault_episodes_live").num_rows > 0  # the outage was seen
+    return Backlog(cfg, stats.events["send_result"], root, query, batches)
 
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage: str, tmp_path: Path,
+                                                       request: pytest.FixtureRequest) -> None:
     plan = _plan(random.Random(SEED))
     assert [k is None for k in plan].count(False) == KILLS and plan.count(None) == COMPLETED, plan
     # Each kill in the backlog waits for batches: the backlog must hold more than they all consume.
-    assert _backlog_batches_needed(plan) < backlog, (_backlog_batches_needed(plan), backlog, plan)
+    assert _backlog_batches_needed(plan) < backlog.batches, (_backlog_batches_needed(plan), backlog.batches, plan)
 
-    conf = write_config(cfg, tmp_path / "fw.toml")
-    where = Where(Path(cfg.storage.checkpoint_root) / query, Path(cfg.storage.root) / DELTA_TABLE / "_delta_log")
+    env: dict[str, str] = {}
+    if storage == "local":
+        cfg = backlog.cfg.replace(storage__root=str(tmp_path / "tables"),
+                                  storage__checkpoint_root=str(tmp_path / "checkpoints"),
+                                  storage__publish_dir=str(tmp_path / "avoidance"))
+        conf = write_config(cfg, tmp_path / "fw.toml")
+        folder, checkpoints = Path(cfg.storage.root), Path(cfg.storage.checkpoint_root)
+    else:  # the bucket's objects are files in the server's folder: the milestones are counted there
+        server: S3Server = request.getfixturevalue("s3")
+        cfg = backlog.cfg.replace(storage__root=f"s3://{server.bucket}/restarts/tables",
+                                  storage__checkpoint_root=f"s3://{server.bucket}/restarts/checkpoints",
+                                  storage__publish_dir=str(tmp_path / "avoidance"))
+        conf = write_config(cfg, tmp_path / "fw.toml", **{"storage.s3": {"endpoint": server.endpoint, "region": REGION}})
+        env = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
+        objstore.configure(StorageConfig(root=cfg.storage.root, s3=S3Config(
+            server.endpoint, REGION, server.access_key, Secret(server.secret_key))), env={})
+        folder = server.folder / server.bucket / "restarts" / "tables"
+        checkpoints = server.folder / server.bucket / "restarts" / "checkpoints"
+    where = Where(checkpoints / backlog.query, folder / DELTA_TABLE / "_delta_log")
     ends: Counter[str] = Counter()
     for i, kill in enumerate(plan):
-        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where)] += 1
+        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where, env)] += 1
     assert ends == Counter(killed=KILLS, completed=COMPLETED), ends
-
-    root, clean_root = Path(cfg.storage.root), Path(clean.storage.root)
-    sends = read_table(str(clean_root), "send_results", columns=["event_id"]).num_rows
-    assert sends == stats.events["send_result"]
-    assert read_table(str(clean_root), "broker_fault_episodes_live").num_rows > 0  # the outage was seen
-    _assert_same_tables(root, clean_root)
+    if storage == "s3":
+        assert list(folder.glob("send_results/**/*.parquet")), "no data file in the bucket"
+    _assert_same_tables(cfg.storage.root, folder, backlog.clean)
