@@ -14,8 +14,8 @@ with no row written twice.
 It runs twice over one backlog and one clean run: with both roots in local folders, and with both
 on ``s3://`` against a real S3-compatible server (Versity's gateway over a folder,
 tests/integration/s3_server.py), whose folder the milestones are counted in. The ``delta-spark``
-writer is not run here: its micro-batches cost ~20 s each on these machines, and the plan's
-backlog is ~34 of them (test_bronze_process kills and restarts it).
+writer is not run here: this backlog's micro-batches took 24-36 s each with it (against 1.2-1.7 s,
+docs/performance.md) and the plan needs ~34 of them; test_bronze_process kills and restarts it.
 
 The test knows the job only through its command line, its log and the files it writes: the queries
 and tables it compares are the ones the job reports, whatever the default concerns are.
