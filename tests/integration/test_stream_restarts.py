@@ -14,8 +14,9 @@ with no row written twice.
 It runs twice over one backlog and one clean run: with both roots in local folders, and with both
 on ``s3://`` against a real S3-compatible server (Versity's gateway over a folder,
 tests/integration/s3_server.py), whose folder the milestones are counted in. The ``delta-spark``
-writer is not run here: this backlog's micro-batches took 24-36 s each with it (against 1.2-1.7 s,
-docs/performance.md) and the plan needs ~34 of them; test_bronze_process kills and restarts it.
+writer is not in the suite: this backlog's micro-batches took 24-36 s each with it (against 1.2-1.7 s,
+docs/performance.md) and the plan needs ~34 of them; test_bronze_process kills and restarts it, and
+``FAULTWATCH_RESTARTS_DELTA_SPARK=1`` adds a third run, in local folders with that writer, by hand.
 
 The test knows the job only through its command line, its log and the files it writes: the queries
 and tables it compares are the ones the job reports, whatever the default concerns are.
@@ -52,6 +53,7 @@ SEED = 20
 SIMULATED_S = 120.0  # broker-b is down from 30 s to 90 s of it: the job sees an outage and a recovery
 MAX_EVENTS_PER_BATCH = 2000  # ~34 micro-batches per query: more than the plan's kills can consume
 RUN_TIMEOUT_S = 420.0
+DELTA_SPARK_RUN_TIMEOUT_S = 3600.0  # a start that runs the whole backlog at 24-36 s per micro-batch
 POLL_S = 0.02  # a micro-batch takes ~0.3 s and start-up seconds: a milestone is seen long before the next
 KILLS, COMPLETED = 18, 2  # of the twenty starts, as README says
 
@@ -212,14 +214,14 @@ def _assert_clean(log: Path, what: str) -> None:
     assert failure is None, f"{what}: the log shows a failure ({failure.group(0)!r}):\n{text[-4000:]}"
 
 
-def _kill_at(kill: Kill, proc: subprocess.Popen[bytes], log: Path, where: Where) -> None:
+def _kill_at(kill: Kill, proc: subprocess.Popen[bytes], log: Path, where: Where, timeout_s: float) -> None:
     """SIGKILL the start's whole process group once it reports ``kill``'s milestone."""
     base = where.files()
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not _reached(kill, proc.pid, log, where, base):
         code = proc.poll()
         assert code is None, f"{log.name}: the job exited ({code}) before its milestone {kill}:\n{_read(log)[-4000:]}"
-        assert time.monotonic() < deadline, f"{log.name}: no milestone {kill} within {RUN_TIMEOUT_S}s"
+        assert time.monotonic() < deadline, f"{log.name}: no milestone {kill} within {timeout_s}s"
         time.sleep(POLL_S)
     kill_tree(proc, signal.SIGKILL)
     _group_gone(proc.pid)
@@ -230,14 +232,15 @@ def _kill_at(kill: Kill, proc: subprocess.Popen[bytes], log: Path, where: Where)
     _assert_clean(log, f"killed start ({log.name})")  # no query failed before the kill
 
 
-def _run_start(kill: Kill | None, conf: Path, log: Path, where: Where, env: dict[str, str] | None = None) -> str:
+def _run_start(kill: Kill | None, conf: Path, log: Path, where: Where, env: dict[str, str] | None = None,
+               timeout_s: float = RUN_TIMEOUT_S) -> str:
     """One start; returns how it ended: "killed" (at its milestone) or "completed" (exited 0 by itself)."""
     proc = _stream(conf, log, env)
     try:
         if kill is not None:
-            _kill_at(kill, proc, log, where)
+            _kill_at(kill, proc, log, where, timeout_s)
             return "killed"
-        code = proc.wait(timeout=RUN_TIMEOUT_S)
+        code = proc.wait(timeout=timeout_s)
     finally:
         if proc.poll() is None:
             kill_tree(proc, signal.SIGKILL)
@@ -274,12 +277,13 @@ def _rows(table: pa.Table, key: tuple[str, ...]) -> list[tuple[object, ...]]:
     return sorted(rows, key=lambda r: (repr(tuple(r[i] for i in index)), repr(r)))
 
 
-def _assert_same_tables(restarted: str, folder: Path, clean: Path) -> None:
-    """Every table under root ``restarted`` (whose files are in ``folder``) equals its clean twin."""
-    names = _tables(folder)
+def _assert_same_tables(restarted: Path | str, clean: Path, folder: Path | None = None) -> None:
+    """Every table under root ``restarted`` equals its clean twin; ``folder``: where the restarted
+    tables' files are (an S3 root's, in the server's folder), the root itself by default."""
+    names = _tables(Path(restarted) if folder is None else folder)
     assert names == _tables(clean), f"tables differ: {sorted(names)} vs {sorted(_tables(clean))}"
     for name in sorted(names):
-        got, want = read_table(restarted, name), read_table(str(clean), name)
+        got, want = read_table(str(restarted), name), read_table(str(clean), name)
         assert sorted(got.column_names) == sorted(want.column_names), name
         key = BRONZE_KEYS.get(name, ())
         got_rows, want_rows = _rows(got, key), _rows(want, key)
@@ -338,7 +342,12 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
-@pytest.mark.parametrize("storage", ["local", "s3"])
+STORAGES: list[object] = ["local", "s3"]
+if os.environ.get("FAULTWATCH_RESTARTS_DELTA_SPARK") == "1":  # by hand: ~25 minutes more
+    STORAGES.append(pytest.param("delta-spark", marks=pytest.mark.timeout(3 * 3600)))
+
+
+@pytest.mark.parametrize("storage", STORAGES)
 def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage: str, tmp_path: Path,
                                                        request: pytest.FixtureRequest) -> None:
     plan = _plan(random.Random(SEED))
@@ -347,10 +356,11 @@ def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage
     assert _backlog_batches_needed(plan) < backlog.batches, (_backlog_batches_needed(plan), backlog.batches, plan)
 
     env: dict[str, str] = {}
-    if storage == "local":
+    if storage in ("local", "delta-spark"):
         cfg = backlog.cfg.replace(storage__root=str(tmp_path / "tables"),
                                   storage__checkpoint_root=str(tmp_path / "checkpoints"),
-                                  storage__publish_dir=str(tmp_path / "avoidance"))
+                                  storage__publish_dir=str(tmp_path / "avoidance"),
+                                  storage__writer="delta-spark" if storage == "delta-spark" else "deltalake")
         conf = write_config(cfg, tmp_path / "fw.toml")
         folder, checkpoints = Path(cfg.storage.root), Path(cfg.storage.checkpoint_root)
     else:  # the bucket's objects are files in the server's folder: the milestones are counted there
@@ -367,8 +377,9 @@ def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage
     where = Where(checkpoints / backlog.query, folder / DELTA_TABLE / "_delta_log")
     ends: Counter[str] = Counter()
     for i, kill in enumerate(plan):
-        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where, env)] += 1
+        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where, env,
+                        DELTA_SPARK_RUN_TIMEOUT_S if storage == "delta-spark" else RUN_TIMEOUT_S)] += 1
     assert ends == Counter(killed=KILLS, completed=COMPLETED), ends
     if storage == "s3":
         assert list(folder.glob("send_results/**/*.parquet")), "no data file in the bucket"
-    _assert_same_tables(cfg.storage.root, folder, backlog.clean)
+    _assert_same_tables(cfg.storage.root, backlog.clean, folder)
