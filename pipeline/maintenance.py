@@ -278,7 +278,7 @@ class Maintainer:
 
 
 def publisher_upkeep(cfg: Config) -> StepResult | None:
-    """The publisher's tables after one of its cycles, on the job's schedule (one step at most).
+    """The publisher's tables after one of its cycles (one step at most), compacted on a cadence of their own.
 
     Each cycle commits to ``publisher_cycles`` (and to the others when it publishes or alerts), and
     every cycle reads them back several times: each small file and commit since the last compaction
