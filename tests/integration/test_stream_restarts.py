@@ -11,12 +11,14 @@ the plan's kills can consume, so no kill waits for a batch that never comes. At 
 table equals, row for row, what one clean run over the same backlog wrote into its own storage root,
 with no row written twice.
 
-It runs twice over one backlog and one clean run: with both roots in local folders, and with both
-on ``s3://`` against a real S3-compatible server (Versity's gateway over a folder,
-tests/integration/s3_server.py), whose folder the milestones are counted in. The ``delta-spark``
-writer is not in the suite, for its time (268 s on a quiet machine, 24-36 s a micro-batch under load,
-docs/performance.md; the suite is near its 40 minutes): test_bronze_process kills and restarts it,
-and ``FAULTWATCH_RESTARTS_DELTA_SPARK=1`` adds a third run, in local folders with that writer.
+It runs twice over one backlog and one clean run (``deltalake`` writer, local folders):
+- ``local-both-writers``: both roots in local folders, ``storage.writer`` switched at every start
+  (``deltalake`` on even starts, ``delta-spark`` on odd ones, so a start of one writer recovers from
+  a kill of the other: both record each batch as the same Delta transaction, app id and batch id);
+- ``s3``: both roots on ``s3://`` in a real S3-compatible server (Versity's gateway over a folder,
+  tests/integration/s3_server.py), whose folder the milestones are counted in.
+``FAULTWATCH_RESTARTS_DELTA_SPARK=1`` adds a third run with ``delta-spark`` at every start, by hand
+(268 s on a quiet machine: the suite is near its 40 minutes).
 
 The test knows the job only through its command line, its log and the files it writes: the queries
 and tables it compares are the ones the job reports, whatever the default concerns are.
@@ -342,7 +344,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
-STORAGES: list[object] = ["local", "s3"]
+STORAGES: list[object] = ["local-both-writers", "s3"]
 if os.environ.get("FAULTWATCH_RESTARTS_DELTA_SPARK") == "1":  # by hand: ~5 minutes more, quiet
     STORAGES.append(pytest.param("delta-spark", marks=pytest.mark.timeout(3 * 3600)))
 
@@ -356,19 +358,19 @@ def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage
     assert _backlog_batches_needed(plan) < backlog.batches, (_backlog_batches_needed(plan), backlog.batches, plan)
 
     env: dict[str, str] = {}
-    if storage in ("local", "delta-spark"):
+    if storage in ("local-both-writers", "delta-spark"):
         cfg = backlog.cfg.replace(storage__root=str(tmp_path / "tables"),
                                   storage__checkpoint_root=str(tmp_path / "checkpoints"),
-                                  storage__publish_dir=str(tmp_path / "avoidance"),
-                                  storage__writer="delta-spark" if storage == "delta-spark" else "deltalake")
-        conf = write_config(cfg, tmp_path / "fw.toml")
+                                  storage__publish_dir=str(tmp_path / "avoidance"))
+        writers = ["delta-spark"] if storage == "delta-spark" else ["deltalake", "delta-spark"]
+        confs = [write_config(cfg.replace(storage__writer=w), tmp_path / f"fw-{w}.toml") for w in writers]
         folder, checkpoints = Path(cfg.storage.root), Path(cfg.storage.checkpoint_root)
     else:  # the bucket's objects are files in the server's folder: the milestones are counted there
         server: S3Server = request.getfixturevalue("s3")
         cfg = backlog.cfg.replace(storage__root=f"s3://{server.bucket}/restarts/tables",
                                   storage__checkpoint_root=f"s3://{server.bucket}/restarts/checkpoints",
                                   storage__publish_dir=str(tmp_path / "avoidance"))
-        conf = write_config(cfg, tmp_path / "fw.toml", **{"storage.s3": {"endpoint": server.endpoint, "region": REGION}})
+        confs = [write_config(cfg, tmp_path / "fw.toml", **{"storage.s3": {"endpoint": server.endpoint, "region": REGION}})]
         env = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
         objstore.configure(StorageConfig(root=cfg.storage.root, s3=S3Config(
             server.endpoint, REGION, server.access_key, Secret(server.secret_key))), env={})
@@ -377,8 +379,10 @@ def test_startup_never_fails_and_kills_change_no_table(backlog: Backlog, storage
     where = Where(checkpoints / backlog.query, folder / DELTA_TABLE / "_delta_log")
     ends: Counter[str] = Counter()
     for i, kill in enumerate(plan):
-        ends[_run_start(kill, conf, tmp_path / f"start-{i:02d}-{kill or 'end'}.log", where, env,
-                        DELTA_SPARK_RUN_TIMEOUT_S if storage == "delta-spark" else RUN_TIMEOUT_S)] += 1
+        conf = confs[i % len(confs)]
+        spark_writer = "delta-spark" in conf.name
+        log = tmp_path / f"start-{i:02d}-{kill or 'end'}{'-delta-spark' if spark_writer else ''}.log"
+        ends[_run_start(kill, conf, log, where, env, DELTA_SPARK_RUN_TIMEOUT_S if spark_writer else RUN_TIMEOUT_S)] += 1
     assert ends == Counter(killed=KILLS, completed=COMPLETED), ends
     if storage == "s3":
         assert list(folder.glob("send_results/**/*.parquet")), "no data file in the bucket"
